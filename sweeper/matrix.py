@@ -1,0 +1,395 @@
+"""Matrix files: parse and validate once, then expand into cells (pure, starts nothing).
+
+A matrix file has fixed settings (model, install, suite, serve flags, env, request fields, GPUs per
+cell, repeats), `axes` whose values multiply, and `exclude`/`include` rules with GitHub Actions
+semantics: product -> exclude -> include. Axes that do not apply collapse: a cell with
+`spec_method: none` has no `num_speculative_tokens`, so those variants merge into one cell.
+
+    name: demo
+    model: Qwen/Qwen3-8B
+    suite: ../suites/structured-output.yaml
+    install: {kind: sim, repo: "sim:demo"}
+    serve: {--enable-auto-tool-choice: true, --tool-call-parser: qwen3_coder}
+    env: {VLLM_ENFORCE_STRICT_TOOL_CALLING: "1"}
+    axes:
+      commit: [v0.27.0, v0.28.0, main]
+      spec_method: [none, ngram, mtp]
+      num_speculative_tokens: [1, 5]
+      async_scheduling: [true, false]
+      env.VLLM_USE_V2_MODEL_RUNNER: ["0", "1"]
+      serve.--reasoning-parser: [null, qwen3]
+      request.temperature: [0, 0.7]
+    exclude:
+      - {spec_method: ngram, async_scheduling: true}
+
+Serve flag values: `true` gives the bare flag, `false`/`null` leave it out, anything else is
+passed as the flag's value (mappings as JSON). Env values are strings; `null` unsets.
+Request fields are merged into every request body of the suite; `null` removes a field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import pydantic
+
+from sweeper.errors import ConfigError
+from sweeper.yamlfile import PathKey, Positions, load, validate
+
+CORE_AXES = ("commit", "spec_method", "num_speculative_tokens", "async_scheduling", "attention_backend")
+GENERIC_PREFIXES = ("env.", "serve.", "request.")
+Scalar = str | int | float | bool | None
+
+
+class _Strict(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+
+
+class Install(_Strict):
+    """How to get vLLM at a commit. See `sweeper.environments` for each kind."""
+
+    kind: Literal["sim", "preinstalled", "wheels", "source"] = "sim"
+    # sim/source: the repository holding the commits (path relative to the matrix, a URL, or
+    # `sim:demo` / `sim:bisect` for a simulated history the tool makes itself).
+    repo: str | None = None
+    # preinstalled: the Python (or venv) that has vLLM; default: the `vllm` on PATH.
+    python: str | None = None
+    # wheels: the per-commit wheel index and variant sub-folder.
+    index_url: str = "https://wheels.vllm.ai"
+    variant: str | None = None
+    # The command that starts a server, before the model argument; default per kind.
+    launch: tuple[str, ...] | None = None
+    # Extra packages installed next to vLLM in wheels/source environments.
+    extra_packages: tuple[str, ...] = ()
+    # Environment cache: where per-commit environments live and how much disk they may use.
+    cache_dir: str | None = None
+    cache_max_gb: float = 200.0
+
+
+class Timeouts(_Strict):
+    startup_s: float = pydantic.Field(600.0, gt=0)
+    request_s: float = pydantic.Field(120.0, gt=0)
+    group_s: float | None = pydantic.Field(None, gt=0)
+
+
+class MatrixFile(_Strict):
+    """The file as written; validated field by field with positions for errors."""
+
+    name: str | None = None
+    description: str | None = None
+    model: str
+    suite: str
+    install: Install = Install()
+    serve: dict[str, Any] = {}
+    env: dict[str, Scalar] = {}
+    request: dict[str, Any] = {}
+    spec_config: dict[str, dict[str, Any]] = {}
+    gpus_per_cell: float = pydantic.Field(1, ge=0)
+    repeats: int = pydantic.Field(1, ge=1)
+    concurrency: int = pydantic.Field(8, ge=1)
+    timeouts: Timeouts = Timeouts()
+    axes: dict[str, list[Any]]
+    exclude: list[dict[str, Any]] = []
+    include: list[dict[str, Any]] = []
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One point of the matrix: every axis bound to a value."""
+
+    cell_id: str
+    commit: str
+    spec_method: str
+    num_speculative_tokens: int | None
+    async_scheduling: bool | None
+    attention_backend: str | None
+    env: Mapping[str, str]
+    serve: Mapping[str, Any]
+    request: Mapping[str, Any]
+    # The axis values this cell binds, in axis order (what tables and ids show).
+    values: Mapping[str, Any]
+    server_key: str
+
+    def speculative_config(self, extra: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any] | None:
+        if self.spec_method == "none":
+            return None
+        conf: dict[str, Any] = {"method": self.spec_method}
+        if self.num_speculative_tokens is not None:
+            conf["num_speculative_tokens"] = self.num_speculative_tokens
+        conf.update((extra or {}).get(self.spec_method, {}))
+        return conf
+
+
+@dataclass(frozen=True)
+class ServerGroup:
+    """Cells that share one server process: the same server key, different request fields."""
+
+    server_key: str
+    cells: tuple[Cell, ...]
+
+    @property
+    def head(self) -> Cell:
+        return self.cells[0]
+
+    @property
+    def group_id(self) -> str:
+        return self.cells[0].cell_id if len(self.cells) == 1 else f"{_server_slug(self.head)}-{self.server_key[:8]}"
+
+
+@dataclass(frozen=True)
+class Matrix:
+    path: str
+    spec: MatrixFile
+    axes: tuple[tuple[str, tuple[Any, ...]], ...]
+    cells: tuple[Cell, ...]
+    raw: Mapping[str, Any] = field(repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name or Path(self.path).stem
+
+    @property
+    def suite_path(self) -> Path:
+        return resolve_path(self.path, self.spec.suite)
+
+    def groups(self) -> tuple[ServerGroup, ...]:
+        return group_cells(self.cells)
+
+    def commits(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(c.commit for c in self.cells))
+
+
+def resolve_path(matrix_path: str, value: str) -> Path:
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else (Path(matrix_path).parent / p)
+
+
+def canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def short_hash(value: Any, n: int = 6) -> str:
+    return hashlib.sha256(canonical(value).encode()).hexdigest()[:n]
+
+
+# --- axis values -----------------------------------------------------------------------------
+
+def _check_axis_name(name: str, pos: Positions, path: PathKey) -> None:
+    if name in CORE_AXES:
+        return
+    for prefix in GENERIC_PREFIXES:
+        if name.startswith(prefix) and len(name) > len(prefix):
+            if prefix == "serve." and not name[len(prefix):].startswith("--"):
+                raise pos.error(path, "serve axes name a flag: expected serve.--flag-name")
+            return
+    raise pos.error(path, f"unknown axis; expected one of {', '.join(CORE_AXES)} or env.NAME, "
+                          "serve.--flag, request.field")
+
+
+def _coerce(axis: str, value: Any, pos: Positions, path: PathKey) -> Any:
+    """Normalise one axis value, or say what was expected."""
+    if axis == "commit":
+        if not isinstance(value, str) or not value:
+            raise pos.error(path, f"expected a commit, tag or branch as a string (quote shas and versions), "
+                                  f"got {value!r}")
+        return value
+    if axis == "spec_method":
+        if value is None or value is False:
+            return "none"
+        if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9_\-]+", value):
+            raise pos.error(path, f"expected a speculative method name (none, ngram, mtp, eagle3, ...), got {value!r}")
+        return value
+    if axis == "num_speculative_tokens":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise pos.error(path, f"expected a positive integer, got {value!r}")
+        return value
+    if axis == "async_scheduling":
+        if value is not None and not isinstance(value, bool):
+            raise pos.error(path, f"expected true, false or null (the version's default), got {value!r}")
+        return value
+    if axis == "attention_backend":
+        if value is not None and not isinstance(value, str):
+            raise pos.error(path, f"expected a backend name such as FLASH_ATTN, or null, got {value!r}")
+        return value
+    if axis.startswith("env."):
+        if value is None:
+            return None
+        if isinstance(value, bool):
+            return "1" if value else "0"
+        if isinstance(value, (str, int, float)):
+            return str(value)
+        raise pos.error(path, f"expected a string (or null to unset), got {value!r}")
+    if axis.startswith("serve."):
+        if isinstance(value, (list,)):
+            raise pos.error(path, f"expected a flag value (scalar or mapping), got a list {value!r}")
+        return value
+    return value  # request fields: any JSON value
+
+
+def _parse_axes(spec: MatrixFile, pos: Positions) -> tuple[tuple[str, tuple[Any, ...]], ...]:
+    axes: list[tuple[str, tuple[Any, ...]]] = []
+    for name, values in spec.axes.items():
+        _check_axis_name(name, pos, ("axes", name))
+        if not values:
+            raise pos.error(("axes", name), "empty axis: expected at least one value")
+        coerced = tuple(_coerce(name, v, pos, ("axes", name, i)) for i, v in enumerate(values))
+        seen: set[str] = set()
+        for i, v in enumerate(coerced):
+            if canonical(v) in seen:
+                raise pos.error(("axes", name, i), f"duplicate value {v!r}")
+            seen.add(canonical(v))
+        axes.append((name, coerced))
+    if not axes:
+        raise pos.error(("axes",), "expected at least one axis")
+    return tuple(axes)
+
+
+def _parse_rules(kind: str, rules: Sequence[Mapping[str, Any]], axis_names: set[str],
+                 pos: Positions) -> list[dict[str, Any]]:
+    out = []
+    for i, rule in enumerate(rules):
+        if not rule:
+            raise pos.error((kind, i), "empty rule: expected axis: value pairs")
+        parsed = {}
+        for key, value in rule.items():
+            _check_axis_name(key, pos, (kind, i, key))
+            if kind == "exclude" and key not in axis_names:
+                raise pos.error((kind, i, key), f"not an axis of this matrix; axes: {', '.join(sorted(axis_names))}")
+            parsed[key] = _coerce(key, value, pos, (kind, i, key))
+        out.append(parsed)
+    return out
+
+
+# --- expansion (pure) ------------------------------------------------------------------------
+
+def expand_combinations(axes: Sequence[tuple[str, Sequence[Any]]], exclude: Sequence[Mapping[str, Any]],
+                        include: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Product -> exclude -> include, with GitHub Actions' documented semantics.
+
+    An include entry is added to every combination whose *original* axis values it does not
+    contradict (it may overwrite values added by earlier includes); if it fits none, it becomes a
+    combination of its own.
+    """
+    combos: list[dict[str, Any]] = [{}]
+    for name, values in axes:
+        combos = [{**c, name: v} for c in combos for v in values]
+    combos = [c for c in combos if not any(all(_eq(c.get(k), v) for k, v in rule.items()) for rule in exclude)]
+    originals = [dict(c) for c in combos]
+    axis_names = {n for n, _ in axes}
+    for rule in include:
+        matched = False
+        for combo, original in zip(combos, originals):
+            if all(_eq(original[k], v) for k, v in rule.items() if k in axis_names):
+                combo.update(rule)
+                matched = True
+        if not matched:
+            combos.append(dict(rule))
+            originals.append({k: v for k, v in rule.items() if k in axis_names})
+    return combos
+
+
+def _eq(a: Any, b: Any) -> bool:
+    return canonical(a) == canonical(b)
+
+
+def _merge(base: Mapping[str, Any], combo: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in combo.items():
+        if key.startswith(prefix):
+            out[key[len(prefix):]] = value
+    return out
+
+
+def _server_slug(cell: Cell) -> str:
+    parts = [re.sub(r"[^A-Za-z0-9.]+", "", cell.commit)[:12] or "commit", cell.spec_method]
+    if cell.num_speculative_tokens is not None:
+        parts[-1] += str(cell.num_speculative_tokens)
+    if cell.async_scheduling is not None:
+        parts.append("async" if cell.async_scheduling else "sync")
+    if cell.attention_backend:
+        parts.append(cell.attention_backend.lower())
+    return "-".join(parts)
+
+
+def make_cell(spec: MatrixFile, combo: Mapping[str, Any], axis_order: Sequence[str]) -> Cell:
+    spec_method = combo.get("spec_method", "none")
+    nst = combo.get("num_speculative_tokens") if spec_method != "none" else None
+    env = {k: v for k, v in _merge({k: None if v is None else str(v) for k, v in spec.env.items()},
+                                    combo, "env.").items() if v is not None}
+    serve = {k: v for k, v in _merge(spec.serve, combo, "serve.").items() if v is not None and v is not False}
+    request = {k: v for k, v in _merge(spec.request, combo, "request.").items()}
+    values: dict[str, Any] = {}
+    for name in [*axis_order, *[k for k in combo if k not in axis_order]]:
+        if name == "num_speculative_tokens" and spec_method == "none":
+            continue
+        if name in combo:
+            values[name] = combo[name]
+    commit = combo.get("commit")
+    if commit is None:
+        commit = "installed" if spec.install.kind == "preinstalled" else "main"
+    server_identity = {
+        "commit": commit, "spec_method": spec_method, "nst": nst, "async": combo.get("async_scheduling"),
+        "backend": combo.get("attention_backend"), "env": env, "serve": serve, "model": spec.model,
+        "install": spec.install.model_dump(), "spec_config": spec.spec_config.get(spec_method),
+        "gpus": spec.gpus_per_cell,
+    }
+    server_key = short_hash(server_identity, 16)
+    partial = Cell(cell_id="", commit=commit, spec_method=spec_method, num_speculative_tokens=nst,
+                   async_scheduling=combo.get("async_scheduling"), attention_backend=combo.get("attention_backend"),
+                   env=env, serve=serve, request={k: v for k, v in request.items() if v is not None},
+                   values=values, server_key=server_key)
+    slug = _server_slug(partial)
+    extra = [f"{k.split('.', 1)[1]}={v}" for k, v in values.items() if k.startswith(("env.", "serve.", "request."))]
+    if extra:
+        slug += "-" + "-".join(re.sub(r"[^A-Za-z0-9.=_]+", "", e)[:24] for e in extra)[:60]
+    cell_id = f"{slug}-{short_hash({'server': server_key, 'request': partial.request})}"
+    return Cell(**{**partial.__dict__, "cell_id": cell_id})
+
+
+def expand(spec: MatrixFile, axes: Sequence[tuple[str, Sequence[Any]]], exclude: Sequence[Mapping[str, Any]],
+           include: Sequence[Mapping[str, Any]]) -> tuple[Cell, ...]:
+    order = [n for n, _ in axes]
+    cells: dict[str, Cell] = {}
+    for combo in expand_combinations(axes, exclude, include):
+        cell = make_cell(spec, combo, order)
+        cells.setdefault(cell.cell_id, cell)  # collapsed axes make equal cells: keep the first
+    return tuple(cells.values())
+
+
+def group_cells(cells: Sequence[Cell]) -> tuple[ServerGroup, ...]:
+    groups: dict[str, list[Cell]] = {}
+    for cell in cells:
+        groups.setdefault(cell.server_key, []).append(cell)
+    return tuple(ServerGroup(key, tuple(members)) for key, members in groups.items())
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+def load_matrix(path: str | Path) -> Matrix:
+    data, pos = load(path)
+    return parse_matrix(data, pos, str(path))
+
+
+def parse_matrix(data: Any, pos: Positions, path: str) -> Matrix:
+    if not isinstance(data, dict):
+        raise pos.error((), "expected a mapping with model, suite and axes")
+    spec = validate(MatrixFile, data, pos)
+    for flag in spec.serve:
+        if not flag.startswith("--"):
+            raise pos.error(("serve", flag), "expected a flag name starting with --")
+    axes = _parse_axes(spec, pos)
+    names = {n for n, _ in axes}
+    exclude = _parse_rules("exclude", spec.exclude, names, pos)
+    include = _parse_rules("include", spec.include, names, pos)
+    cells = expand(spec, axes, exclude, include)
+    if not cells:
+        raise pos.error(("exclude",), "every combination is excluded: the matrix has no cells")
+    if not resolve_path(path, spec.suite).exists():
+        raise pos.error(("suite",), f"suite file not found: {resolve_path(path, spec.suite)}")
+    return Matrix(path=path, spec=spec, axes=axes, cells=cells, raw=data)
