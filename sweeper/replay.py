@@ -1,0 +1,202 @@
+"""Send a suite's requests to one server: async, bounded concurrency, a timeout per request.
+
+Each request carries `X-Request-Id`, which vLLM folds into its request id (`chatcmpl-<id>`), so
+server log lines can be matched to the sample. Streaming requests are reassembled into the shape
+of a non-streaming response and give a time to first token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import httpx
+
+# Transport-level trouble is an answer too: it becomes a failed sample, never an exception.
+_TRANSPORT_ERRORS = (httpx.HTTPError, OSError, json.JSONDecodeError)
+
+
+@dataclass(frozen=True)
+class Request:
+    case_id: str
+    repeat: int
+    request_id: str
+    body: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Reply:
+    request: Request
+    http_status: int | None
+    response: Mapping[str, Any] | None
+    error: str | None
+    latency_s: float
+    ttft_s: float | None
+    started_at: datetime
+    timed_out: bool = False
+
+
+@dataclass(frozen=True)
+class ReplayOutcome:
+    replies: tuple[Reply, ...]
+    # Requests never sent because the server hung or died (not counted as samples).
+    unsent: int
+    aborted: str | None
+
+
+async def _send(client: httpx.AsyncClient, url: str, req: Request, timeout_s: float) -> Reply:
+    started = datetime.now(timezone.utc)
+    t0 = time.monotonic()
+    headers = {"X-Request-Id": req.request_id}
+    ttft: float | None = None
+    try:
+        async with asyncio.timeout(timeout_s):
+            if req.body.get("stream"):
+                status, response, ttft_abs = await _stream(client, url, req.body, headers)
+                ttft = None if ttft_abs is None else ttft_abs - t0
+            else:
+                r = await client.post(url, json=dict(req.body), headers=headers)
+                status = r.status_code
+                response = _json_or_none(r.content)
+        error = None if status == 200 else _error_text(response, status)
+        return Reply(req, status, response, error, time.monotonic() - t0, ttft, started)
+    except TimeoutError:
+        return Reply(req, None, None, f"timeout after {timeout_s:g}s", time.monotonic() - t0, ttft, started,
+                     timed_out=True)
+    except _TRANSPORT_ERRORS as exc:
+        return Reply(req, None, None, f"{type(exc).__name__}: {exc}"[:500], time.monotonic() - t0, ttft, started)
+
+
+def _json_or_none(content: bytes) -> Mapping[str, Any] | None:
+    try:
+        data = json.loads(content)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _error_text(response: Mapping[str, Any] | None, status: int) -> str:
+    if response and isinstance(response.get("error"), dict):
+        return f"HTTP {status}: {response['error'].get('message', '')}"[:500]
+    if response and "message" in response:
+        return f"HTTP {status}: {response['message']}"[:500]
+    return f"HTTP {status}"
+
+
+async def _stream(client: httpx.AsyncClient, url: str, body: Mapping[str, Any],
+                  headers: dict[str, str]) -> tuple[int, Mapping[str, Any] | None, float | None]:
+    """Consume an SSE stream; rebuild a chat.completion-shaped response from the chunks."""
+    body = dict(body)
+    body.setdefault("stream_options", {"include_usage": True})
+    async with client.stream("POST", url, json=body, headers=headers) as r:
+        if r.status_code != 200:
+            return r.status_code, _json_or_none(await r.aread()), None
+        acc = _StreamAccumulator()
+        async for line in r.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            acc.add(json.loads(data))
+        return 200, acc.response(), acc.first_token_at
+
+
+class _StreamAccumulator:
+    def __init__(self) -> None:
+        self.id: str | None = None
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.token_ids: list[int] = []
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+        self.usage: Mapping[str, Any] | None = None
+        self.first_token_at: float | None = None
+
+    def add(self, chunk: Mapping[str, Any]) -> None:
+        self.id = self.id or chunk.get("id")
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            got = False
+            if delta.get("content"):
+                self.content.append(delta["content"])
+                got = True
+            reasoning = delta.get("reasoning") or delta.get("reasoning_content")
+            if reasoning:
+                self.reasoning.append(reasoning)
+                got = True
+            for tc in delta.get("tool_calls") or []:
+                slot = self.tool_calls.setdefault(tc.get("index", 0), {"type": "function", "function": {
+                    "name": "", "arguments": ""}})
+                if tc.get("id"):
+                    slot["id"] = tc["id"]
+                fn = tc.get("function") or {}
+                slot["function"]["name"] += fn.get("name") or ""
+                slot["function"]["arguments"] += fn.get("arguments") or ""
+                got = True
+            self.token_ids.extend(choice.get("token_ids") or [])
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+            if got and self.first_token_at is None:
+                self.first_token_at = time.monotonic()
+
+    def response(self) -> Mapping[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) or None}
+        if self.reasoning:
+            message["reasoning"] = "".join(self.reasoning)
+        if self.tool_calls:
+            message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": self.finish_reason}
+        if self.token_ids:
+            choice["token_ids"] = self.token_ids
+        return {"id": self.id, "object": "chat.completion", "choices": [choice], "usage": self.usage}
+
+
+async def replay(base_url: str, api_key: str, requests: Sequence[Request], *, concurrency: int,
+                 timeout_s: float, alive: Callable[[], bool] = lambda: True,
+                 on_reply: Callable[[Reply], None] | None = None) -> ReplayOutcome:
+    """Send `requests`; stop sending when the server dies or every slot is stuck on a timeout."""
+    url = f"{base_url}/v1/chat/completions"
+    queue: asyncio.Queue[Request] = asyncio.Queue()
+    for req in requests:
+        queue.put_nowait(req)
+    replies: list[Reply] = []
+    state = {"consecutive_timeouts": 0, "aborted": None}
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    auth = {"Authorization": f"Bearer {api_key}"}
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits, headers=auth) as client:
+
+        async def worker() -> None:
+            while state["aborted"] is None:
+                try:
+                    req = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                reply = await _send(client, url, req, timeout_s)
+                if reply.timed_out:
+                    state["consecutive_timeouts"] += 1
+                elif reply.http_status is not None:
+                    state["consecutive_timeouts"] = 0
+                if not alive():
+                    state["aborted"] = "crashed"
+                    # A request cut off by the crash is still a sample: it saw the failure.
+                elif state["consecutive_timeouts"] >= concurrency:
+                    # Every slot waited a full timeout with no answer in between: the server hangs.
+                    state["aborted"] = "timeout"
+                replies.append(reply)
+                if on_reply:
+                    on_reply(reply)
+
+        await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, len(requests))))))
+    return ReplayOutcome(tuple(replies), queue.qsize(), state["aborted"])
+
+
+def run_replay(base_url: str, api_key: str, requests: Sequence[Request], **kwargs: Any) -> ReplayOutcome:
+    return asyncio.run(replay(base_url, api_key, requests, **kwargs))

@@ -1,0 +1,159 @@
+"""One server process group, owned by a context manager.
+
+The server (real `vllm serve` or the simulator) runs as the leader of its own session, so its
+children (engine core, workers) are stopped with it: TERM to the group, a grace period, KILL, then
+`wait()`. Readiness polls `/health` against a monotonic deadline and fails fast when the process
+has exited. Output goes to a log file that checks and the effective-config parser read.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from sweeper.errors import ServerError
+
+LOG_TAIL_LINES = 40
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 right now (the server binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def new_api_key() -> str:
+    return "sk-sweep-" + secrets.token_hex(12)
+
+
+def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            data = f.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])
+
+
+class ServerProcess:
+    """Start `argv` with `env` in its own process group; ready when `/health` answers 200."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], *, port: int, log_path: Path,
+                 startup_timeout_s: float, grace_s: float = 10.0, cwd: Path | None = None) -> None:
+        self.argv = list(argv)
+        self.env = dict(env)
+        self.port = port
+        self.log_path = log_path
+        self.startup_timeout_s = startup_timeout_s
+        self.grace_s = grace_s
+        self.cwd = cwd
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.startup_s: float | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> ServerProcess:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as exc:
+            raise ServerError(f"cannot start {self.argv[0]}: {exc}", status="server_failed") from None
+        finally:
+            log.close()
+        self._t0 = time.monotonic()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def wait_ready(self) -> float:
+        assert self.proc is not None
+        deadline = self._t0 + self.startup_timeout_s
+        with httpx.Client(timeout=2.0) as client:
+            while True:
+                code = self.proc.poll()
+                if code is not None:
+                    raise ServerError(f"server exited with code {code} before it was healthy",
+                                      status="server_failed", log_tail=tail(self.log_path))
+                try:
+                    if client.get(f"{self.base_url}/health").status_code == 200:
+                        self.startup_s = time.monotonic() - self._t0
+                        return self.startup_s
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise ServerError(f"server not healthy after {self.startup_timeout_s:.0f}s",
+                                      status="server_failed", log_tail=tail(self.log_path))
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        """TERM the whole group, wait `grace_s`, KILL what is left, reap the leader."""
+        if self.proc is None:
+            return
+        pgid = self.proc.pid  # leader of its own session: pgid == pid
+        deadline = time.monotonic() + self.grace_s
+        _signal_group(pgid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=self.grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        # Children may outlive the leader (vLLM's engine core does): give them the rest of the
+        # grace period, then KILL whatever is left of the group.
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _signal_group(pgid, signal.SIGKILL)
+        self.proc.wait()
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return ""
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
