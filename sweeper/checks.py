@@ -112,7 +112,7 @@ def _positive(value: Any) -> int:
 
 def _bool(value: Any) -> bool:
     if not isinstance(value, bool):
-        raise ValueError(f"expected true or false, got {value!r}")
+        raise ValueError(f"expected true or false, got {value!r}")  # noqa: TRY004 - parse_spec promises ValueError
     return value
 
 
@@ -127,7 +127,7 @@ def _regex(value: Any) -> str:
 
 def _schema(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise ValueError(f"expected a JSON schema object, got {value!r}")
+        raise ValueError(f"expected a JSON schema object, got {value!r}")  # noqa: TRY004
     problem = schema_problem(value)
     if problem:
         raise ValueError(f"expected a valid JSON schema: {problem}")
@@ -442,7 +442,7 @@ def parse_spec(name: str, params: Mapping[str, Any] | None) -> CheckSpec:
             except ValueError as exc:
                 raise ValueError(f"{name}.{key}: {exc}") from None
         elif param.required:
-            raise ValueError(f"{name}: parameter {key!r} is required ({param.doc})")
+            raise ValueError(f"{name}: parameter {key!r} is required; expected {param.doc}")
         elif param.default is not None:
             out[key] = param.default
     return CheckSpec(name, MappingProxyType(out))

@@ -130,7 +130,7 @@ class _JsonlIn(_Strict):
 class _SuiteIn(_Strict):
     name: str | None = pydantic.Field(None, pattern=_SLUG)
     description: str = ""
-    defaults: _Defaults = _Defaults()
+    defaults: _Defaults | None = None
     cases: list[_CaseIn] = []
     jsonl: list[_JsonlIn] = []
 
@@ -146,15 +146,16 @@ def load_suite(path: str | Path) -> Suite:
         # Top-level `x-…` keys are ignored: a place to define YAML anchors (`&tool_checks`) for reuse.
         data = {k: v for k, v in data.items() if not k.startswith("x-")}
     raw = validate(_SuiteIn, data, pos)
+    defaults = raw.defaults or _Defaults.model_validate({})
     loader = _Loader(Path(path), pos)
-    default_checks = loader.checks(raw.defaults.checks, ("defaults", "checks"))
-    loader.check_body(raw.defaults.body, ("defaults", "body"), partial=True)
+    default_checks = loader.checks(defaults.checks, ("defaults", "checks"))
+    loader.check_body(defaults.body, ("defaults", "body"), partial=True)
 
     cases: list[Case] = []
     for i, c in enumerate(raw.cases):
-        cases.append(loader.yaml_case(c, ("cases", i), raw.defaults, default_checks))
+        cases.append(loader.yaml_case(c, ("cases", i), defaults, default_checks))
     for i, j in enumerate(raw.jsonl):
-        cases.extend(loader.jsonl_cases(j, ("jsonl", i), raw.defaults, default_checks))
+        cases.extend(loader.jsonl_cases(j, ("jsonl", i), defaults, default_checks))
     if not cases:
         raise pos.error((), "the suite has no cases; expected `cases:` or `jsonl:` entries")
 
