@@ -111,7 +111,7 @@ class _Tool(_Strict):
 
 class _CaseIn(_Strict):
     id: str = pydantic.Field(pattern=_SLUG)
-    body: dict[str, Any]
+    body: dict[str, Any] = {}  # a missing body is reported as missing body.messages
     schema_file: str | None = None
     tools: list[_Tool] | None = None
     repeat: int | None = pydantic.Field(None, ge=1)
