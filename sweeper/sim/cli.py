@@ -1,0 +1,99 @@
+"""`sweep sim` / `python -m sweeper.sim`: `serve` (a stand-in for `vllm serve`) and `make-repo`."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import typer
+
+from sweeper.sim import args, config, repo, tree
+from sweeper.sim.behaviour import Behaviour
+from sweeper.sim.logs import Logger
+from sweeper.sim.server import run
+
+app = typer.Typer(help="The vLLM simulator: a vLLM-compatible server whose bugs are declared per commit.",
+                  no_args_is_help=True, add_completion=False)
+
+
+def _version(value: bool) -> None:
+    if value:
+        try:
+            typer.echo(tree.load().version)
+        except tree.TreeError as exc:
+            typer.echo(f"Error: {exc}", err=True)
+            raise typer.Exit(1) from None
+        raise typer.Exit(0)
+
+
+@app.callback()
+def main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                      help="Print the simulated vLLM version and exit.")) -> None:
+    """The vLLM simulator."""
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                               "help_option_names": []})
+def serve(ctx: typer.Context) -> None:
+    """Serve like `vllm serve MODEL [flags]` (run `serve --help` for the flags of this version)."""
+    raise typer.Exit(serve_main(list(ctx.args)))
+
+
+def serve_main(argv: list[str]) -> int:
+    log = Logger()
+    try:
+        sim_tree = tree.load()
+    except tree.TreeError as exc:
+        print(f"ERROR: {exc}", file=sys.stderr)
+        return 1
+    ns = args.parse(argv, sim_tree.release)  # argparse exits 2 on an unknown flag, 0 after --help
+    if not sim_tree.install_ok:
+        print(f"ModuleNotFoundError: vLLM is not installed at this commit ({sim_tree.install})", file=sys.stderr)
+        return 1
+    startup = config.resolve(ns, os.environ, sim_tree)
+    for line in startup.lines:
+        log.emit(line)
+    refusal = startup.refusal
+    where = startup.refusal_where
+    if refusal is None and startup.config is not None:
+        bug = Behaviour(sim_tree, startup.config).start_refusal()
+        if bug is not None:
+            log.error("core.py:708", "EngineCore failed to start.", engine=True)
+            refusal, where = f"RuntimeError: {bug.message or 'Engine core initialization failed.'}", "core.py:699"
+    if refusal is not None:
+        _traceback(log, where, refusal)
+        return 1
+    return run(startup, sim_tree, log)
+
+
+def _traceback(log: Logger, where: str, message: str) -> None:
+    file, _, line = where.partition(":")
+    log.raw("Traceback (most recent call last):\n"
+            '  File "/usr/lib/python3/site-packages/vllm/entrypoints/cli/serve.py", line 60, in cmd\n'
+            "    uvloop.run(run_server(args))\n"
+            f'  File "/usr/lib/python3/site-packages/vllm/{file}", line {line or 1}, in __init__\n'
+            f"    raise {message.partition(':')[0]}(...)\n"
+            f"{message}")
+
+
+@app.command("make-repo")
+def make_repo(
+    directory: Path = typer.Argument(..., help="Where to create the repository (must not exist or be empty)."),
+    scenario: repo.Scenario = typer.Option(repo.Scenario.DEMO, help="Which history to plant."),
+    commits: int = typer.Option(240, help="Number of commits (bisect scenario)."),
+    seed: int = typer.Option(0, help="Chooses the planted positions."),
+    as_json: bool = typer.Option(False, "--json", help="Print the planted facts as JSON."),
+) -> None:
+    """Create a git repository of simulated vLLM history with planted bugs."""
+    try:
+        plan = repo.make(directory, scenario=scenario, commits=commits, seed=seed)
+    except repo.RepoError as exc:
+        typer.echo(f"Error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        typer.echo(json.dumps(plan, indent=2))
+    else:
+        typer.echo(f"{directory}: {plan['commits']} commits, tags {', '.join(plan['tags'])}; "
+                   f"plan in {Path(directory) / '.git' / 'sim-plan.json'}")

@@ -1,0 +1,145 @@
+"""A chat-completions request body, checked the way vLLM checks it (HTTP 400 with its error JSON)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sweeper.sim.config import EngineConfig
+
+
+class RequestError(Exception):
+    def __init__(self, message: str, *, status: int = 400, kind: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.message, self.status, self.kind = message, status, kind
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": None, "code": self.status}}
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    canonical: str  # the body as canonical JSON: the identity of "the same request"
+    prompt_text: str
+    max_tokens: int | None
+    temperature: float
+    seed: int | None
+    stream: bool
+    include_usage: bool
+    schema: Any  # the json_schema's schema; None otherwise
+    json_object: bool
+    tools: tuple[dict[str, Any], ...]
+    tool_choice: str | dict[str, Any] | None
+    thinking_budget: int | None
+    enable_thinking: bool
+    return_token_ids: bool
+
+    def traits(self) -> dict[str, Any]:
+        """The request keys a bug's `when` is matched against."""
+        return {"json_schema": self.schema is not None, "json_object": self.json_object,
+                "tools": bool(self.tools) and self.tool_choice != "none",
+                "thinking_budget": self.thinking_budget is not None, "stream": self.stream,
+                "enable_thinking": self.enable_thinking}
+
+
+def parse(body: Any, cfg: EngineConfig) -> ChatRequest:
+    if not isinstance(body, dict):
+        raise RequestError("Expected a JSON object as the request body.")
+    model = body.get("model")
+    if model is not None and model not in cfg.served_model_names:
+        raise RequestError(f"The model `{model}` does not exist.", status=404, kind="NotFoundError")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("messages: Field required" if messages is None else "messages: must be a non-empty list")
+    texts: list[str] = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or "role" not in message:
+            raise RequestError(f"messages.{i}.role: Field required")
+        content = message.get("content")
+        if isinstance(content, list):
+            content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        texts.append(f"<|im_start|>{message['role']}\n{content or ''}<|im_end|>\n")
+
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
+                                   or max_tokens < 1):
+        raise RequestError(f"max_tokens must be at least 1, got {max_tokens}.")
+    temperature = body.get("temperature", 1.0)
+    if not isinstance(temperature, (int, float)) or temperature < 0:
+        raise RequestError(f"temperature must be non-negative, got {temperature}.")
+    seed = body.get("seed")
+    if seed is not None and not isinstance(seed, int):
+        raise RequestError("seed: Input should be a valid integer")
+    stream = bool(body.get("stream", False))
+    stream_options = body.get("stream_options") or {}
+    if body.get("stream_options") is not None and not stream:
+        raise RequestError("Stream options can only be defined when `stream=True`.")
+
+    schema, json_object = _response_format(body.get("response_format"))
+    tools, tool_choice = _tools(body, cfg)
+
+    budget = body.get("thinking_token_budget")
+    if budget is not None:
+        if cfg.reasoning_parser == "none":
+            raise RequestError("thinking_token_budget requires a reasoning parser: start the server with "
+                               "--reasoning-parser.")
+        if not isinstance(budget, int) or budget < 0:
+            raise RequestError(f"thinking_token_budget must be a non-negative integer, got {budget}.")
+    kwargs = body.get("chat_template_kwargs") or {}
+    enable_thinking = cfg.reasoning_parser != "none" and kwargs.get("enable_thinking", True) is not False
+
+    prompt = "".join(texts) + "<|im_start|>assistant\n"
+    if max_tokens is not None and len(prompt) // 4 + max_tokens > cfg.max_model_len:
+        raise RequestError(f"This model's maximum context length is {cfg.max_model_len} tokens. However, you "
+                           f"requested {len(prompt) // 4 + max_tokens} tokens. Please reduce the length.")
+    return ChatRequest(
+        canonical=json.dumps(body, sort_keys=True, separators=(",", ":")), prompt_text=prompt,
+        max_tokens=max_tokens, temperature=float(temperature), seed=seed, stream=stream,
+        include_usage=bool(stream_options.get("include_usage", False)), schema=schema, json_object=json_object,
+        tools=tools, tool_choice=tool_choice, thinking_budget=budget, enable_thinking=enable_thinking,
+        return_token_ids=bool(body.get("return_token_ids", False)))
+
+
+def _response_format(fmt: Any) -> tuple[Any, bool]:
+    if fmt is None:
+        return None, False
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+        raise RequestError("response_format.type must be one of 'text', 'json_object', 'json_schema'.")
+    if fmt["type"] == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or "schema" not in spec and "json_schema" not in spec:
+            raise RequestError("response_format.json_schema: Field required")
+        schema = spec.get("schema", spec.get("json_schema"))
+        if not isinstance(schema, (dict, bool)):
+            raise RequestError("response_format.json_schema.schema: Input should be a valid dictionary")
+        return schema, False
+    return None, fmt["type"] == "json_object"
+
+
+def _tools(body: dict[str, Any], cfg: EngineConfig) -> tuple[tuple[dict[str, Any], ...], Any]:
+    tools = body.get("tools") or []
+    if not isinstance(tools, list):
+        raise RequestError("tools: Input should be a valid list")
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or not isinstance(tool.get("function"), dict) \
+                or "name" not in tool["function"]:
+            raise RequestError(f"tools.{i}.function.name: Field required")
+    choice = body.get("tool_choice", "auto" if tools else "none")
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        if not tools:
+            raise RequestError("When using `tool_choice`, `tools` must be set.")
+        if name not in {t["function"]["name"] for t in tools}:
+            raise RequestError(f"The tool specified in `tool_choice` does not match any of the specified "
+                               f"`tools`: {name}")
+    elif choice == "required":
+        if not tools:
+            raise RequestError("When using `tool_choice`, `tools` must be set.")
+    elif choice == "auto":
+        if tools and not cfg.auto_tool_choice:
+            raise RequestError('"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
+                               "to be set")
+    elif choice != "none":
+        raise RequestError(f"tool_choice: invalid value {choice!r}")
+    return tuple(tools), choice

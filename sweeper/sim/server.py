@@ -1,0 +1,288 @@
+"""The OpenAI-compatible HTTP server: /health, /v1/models, /v1/chat/completions, /metrics.
+
+The stdlib's ThreadingHTTPServer starts in milliseconds and gives each connection a thread, which
+is enough for a replay's bounded concurrency; per-token latency is a sleep in that thread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from sweeper.sim import chat
+from sweeper.sim.behaviour import Behaviour
+from sweeper.sim.config import EngineConfig, Startup
+from sweeper.sim.generate import Channel
+from sweeper.sim.logs import Logger
+from sweeper.sim.metrics import Metrics
+from sweeper.sim.request import ChatRequest, RequestError, parse
+from sweeper.sim.tree import Effect, Tree
+
+_ROUTES = ("/health", "/metrics", "/version", "/v1/models", "/v1/chat/completions")
+
+
+class Engine:
+    """State shared by all request threads."""
+
+    def __init__(self, tree: Tree, cfg: EngineConfig, log: Logger) -> None:
+        self.tree, self.cfg, self.log = tree, cfg, log
+        self.behaviour = Behaviour(tree, cfg)
+        self.metrics = Metrics(cfg)
+        self.stopping = threading.Event()
+        self.created = int(time.time())
+
+
+class SimHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True  # a hung request must not keep the process alive after TERM
+    engine: Engine
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: SimHTTPServer
+    server_version = "uvicorn"
+    sys_version = ""
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        pass  # access lines are written in uvicorn's format by _access()
+
+    # --- routing -----------------------------------------------------------------------------
+
+    def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+        engine = self.server.engine
+        path = self.path.split("?", 1)[0]
+        if path == "/health":
+            self._send(200, b"", "application/json")
+        elif path == "/metrics":
+            self._send(200, engine.metrics.exposition(), "text/plain; version=0.0.4; charset=utf-8")
+        elif path == "/version":
+            self._json(200, {"version": engine.tree.version})
+        elif path == "/v1/models":
+            if self._authorized():
+                self._json(200, {"object": "list", "data": [
+                    {"id": name, "object": "model", "created": engine.created, "owned_by": "vllm",
+                     "root": engine.cfg.model, "parent": None, "max_model_len": engine.cfg.max_model_len}
+                    for name in engine.cfg.served_model_names]})
+        else:
+            self._json(404, {"detail": "Not Found"})
+
+    def do_POST(self) -> None:  # noqa: N802
+        path = self.path.split("?", 1)[0]
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if path != "/v1/chat/completions":
+            self._json(404 if path not in _ROUTES else 405, {"detail": "Not Found"})
+            return
+        if self._authorized():
+            self._chat(raw)
+
+    def _authorized(self) -> bool:
+        key = self.server.engine.cfg.api_key
+        if key is None or self.headers.get("Authorization") == f"Bearer {key}":
+            return True
+        self._json(401, {"error": "Unauthorized"})
+        return False
+
+    # --- chat ----------------------------------------------------------------------------------
+
+    def _chat(self, raw: bytes) -> None:
+        engine = self.server.engine
+        start = time.monotonic()
+        rid = "chatcmpl-" + (self.headers.get("X-Request-Id") or uuid.uuid4().hex)
+        try:
+            try:
+                body = json.loads(raw or b"null")
+            except json.JSONDecodeError as exc:
+                raise RequestError(f"JSON decode error: {exc.msg}") from exc
+            req = parse(body, engine.cfg)
+        except RequestError as exc:
+            engine.log.error("serving_chat.py:253", f"Error with request {rid}: {exc.message}")
+            self._json(exc.status, exc.body())
+            return
+        n, bugs = engine.behaviour.bites(req.canonical, req.traits())
+        engine.log.info("async_llm.py:351", f"Added request {rid}.")
+        effects = {b.effect for b in bugs}
+        if Effect.CRASH in effects:
+            self._crash(rid)
+            return
+        if Effect.HANG in effects:
+            # Never answered; TERM still ends the process because request threads are daemons.
+            engine.stopping.wait()
+            self.close_connection = True
+            return
+        rng = chat.rng_for(req, n, engine.cfg.seed)
+        completion = chat.build(req, engine.cfg, bugs, rng)
+        if completion.fsm_error_token is not None:
+            engine.log.error("backend_xgrammar.py:167", f"Failed to advance FSM for request {rid} for tokens "
+                                                        f"{completion.fsm_error_token}. Please file an issue.")
+        if req.stream:
+            try:
+                ttft = self._stream(rid, req, completion, start)
+            except (BrokenPipeError, ConnectionResetError):
+                engine.log.info("async_llm.py:410", f"Aborted request {rid}.")
+                self.close_connection = True
+                return
+        else:
+            ttft = self._pace(len(completion.tokens), start)
+            self._json(200, self._response(rid, req, completion))
+        engine.metrics.observe(prompt_tokens=len(completion.prompt_token_ids),
+                               generation_tokens=len(completion.tokens), finish_reason=completion.finish_reason,
+                               ttft_s=ttft, e2e_s=time.monotonic() - start, rng=rng)
+
+    def _pace(self, count: int, start: float) -> float:
+        latency = self.server.engine.tree.token_latency_s
+        time.sleep(latency)
+        ttft = time.monotonic() - start
+        time.sleep(latency * max(0, count - 1))
+        return ttft
+
+    def _response(self, rid: str, req: ChatRequest, c: chat.Completion) -> dict[str, Any]:
+        cfg = self.server.engine.cfg
+        message: dict[str, Any] = {"role": "assistant", "content": c.content,
+                                   "reasoning": c.text(Channel.REASONING) or None, "tool_calls": c.tool_calls}
+        if cfg.release < (0, 26, 0):
+            message["reasoning_content"] = message["reasoning"]
+        choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
+                                  "finish_reason": c.finish_reason, "stop_reason": None}
+        out: dict[str, Any] = {"id": rid, "object": "chat.completion", "created": int(time.time()),
+                               "model": cfg.served_model_names[0], "choices": [choice],
+                               "usage": self._usage(c)}
+        if req.return_token_ids:
+            choice["token_ids"] = [t.id for t in c.tokens]
+            out["prompt_token_ids"] = c.prompt_token_ids
+        return out
+
+    def _usage(self, c: chat.Completion) -> dict[str, Any]:
+        details = ({"reasoning_tokens": c.reasoning_tokens}
+                   if self.server.engine.cfg.reasoning_parser != "none" else None)
+        return {"prompt_tokens": len(c.prompt_token_ids), "completion_tokens": len(c.tokens),
+                "total_tokens": len(c.prompt_token_ids) + len(c.tokens), "completion_tokens_details": details}
+
+    def _stream(self, rid: str, req: ChatRequest, c: chat.Completion, start: float) -> float:
+        engine = self.server.engine
+        model, created = engine.cfg.served_model_names[0], int(time.time())
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self._access(200)
+
+        def chunk(delta: dict[str, Any] | None, finish: str | None = None, token_ids: list[int] | None = None,
+                  usage: dict[str, Any] | None = None) -> None:
+            body: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created,
+                                    "model": model, "choices": []}
+            if delta is not None:
+                choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                if req.return_token_ids and token_ids is not None:
+                    choice["token_ids"] = token_ids
+                body["choices"].append(choice)
+            if usage is not None:
+                body["usage"] = usage
+            self._write_chunk(f"data: {json.dumps(body)}\n\n".encode())
+
+        chunk({"role": "assistant", "content": ""}, token_ids=[])
+        ttft = 0.0
+        for i, token in enumerate(c.tokens):
+            time.sleep(engine.tree.token_latency_s)
+            if i == 0:
+                ttft = time.monotonic() - start
+            if token.channel is Channel.REASONING:
+                chunk({"reasoning": token.text}, token_ids=[token.id])
+            elif token.channel is Channel.CONTENT or token.channel is Channel.TOOL and not c.tool_calls:
+                chunk({"content": token.text}, token_ids=[token.id])
+        if c.tool_calls:
+            chunk({"tool_calls": c.tool_calls}, token_ids=[])
+        chunk({}, finish=c.finish_reason, token_ids=[])
+        if req.include_usage:
+            chunk(None, usage=self._usage(c))
+        self._write_chunk(b"data: [DONE]\n\n")
+        self._write_chunk(b"")
+        return ttft
+
+    def _crash(self, rid: str) -> None:
+        log = self.server.engine.log
+        log.error("core.py:710", "EngineCore encountered a fatal error.", engine=True)
+        log.raw("Traceback (most recent call last):\n"
+                '  File "/usr/lib/python3/site-packages/vllm/v1/engine/core.py", line 701, in run_engine_core\n'
+                "    engine_core.run_busy_loop()\n"
+                '  File "/usr/lib/python3/site-packages/vllm/v1/worker/gpu_model_runner.py", line 2480, in '
+                "execute_model\n"
+                "    torch.cuda.synchronize()\n"
+                "RuntimeError: CUDA error: an illegal memory access was encountered")
+        log.error("async_llm.py:480", f"AsyncLLM output_handler failed while processing request {rid}.")
+        log.error("core_client.py:564", "Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.")
+        self._json(500, RequestError("EngineCore encountered an issue. See stack trace (above) for the root "
+                                     "cause.", status=500, kind="InternalServerError").body())
+        # Exit after the reply is on the wire, as the API server does once its engine is dead.
+        threading.Timer(0.05, os._exit, args=(1,)).start()
+
+    # --- plumbing ------------------------------------------------------------------------------
+
+    def _json(self, status: int, body: Any) -> None:
+        self._send(status, json.dumps(body).encode(), "application/json")
+
+    def _send(self, status: int, data: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        self._access(status)
+
+    def _write_chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def _access(self, status: int) -> None:
+        host, port = self.client_address[:2]
+        phrase = HTTPStatus(status).phrase
+        self.server.engine.log.uvicorn(f'{host}:{port} - "{self.requestline}" {status} {phrase}')
+
+
+def run(startup: Startup, tree: Tree, log: Logger) -> int:
+    """Start-up delay, bind, serve until TERM. Returns the exit code."""
+    cfg = startup.config
+    assert cfg is not None
+    engine = Engine(tree, cfg, log)
+
+    def stop(signum: int, frame: Any) -> None:
+        engine.stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    # Like vLLM, nothing listens until the engine is ready: /health is refused during start-up.
+    if engine.stopping.wait(tree.startup_s):
+        log.info("launcher.py:80", "Shutting down before start-up completed.")
+        return 0
+    log.info("core.py:250", f"init engine (profile, create kv cache, warmup model) took {tree.startup_s:.2f} "
+                            "seconds", engine=True)
+    try:
+        httpd = SimHTTPServer((cfg.host, cfg.port), Handler)
+    except OSError as exc:
+        log.raw(f"OSError: [Errno {exc.errno}] {exc.strerror}")
+        return 1
+    httpd.engine = engine
+    log.info("api_server.py:1971", f"Starting vLLM API server 0 on http://{cfg.host}:{httpd.server_port}")
+    for route in _ROUTES:
+        method = "POST" if route.endswith("completions") else "GET"
+        log.info("launcher.py:46", f"Route: {route}, Methods: {method}")
+    log.uvicorn(f"Started server process [{os.getpid()}]")
+    log.uvicorn("Waiting for application startup.")
+    log.uvicorn("Application startup complete.")
+    threading.Thread(target=lambda: (engine.stopping.wait(), httpd.shutdown()), daemon=True).start()
+    httpd.serve_forever(poll_interval=0.1)
+    httpd.server_close()
+    log.uvicorn("Shutting down")
+    log.uvicorn("Waiting for application shutdown.")
+    log.uvicorn("Application shutdown complete.")
+    log.uvicorn(f"Finished server process [{os.getpid()}]")
+    sys.stdout.flush()
+    return 0
