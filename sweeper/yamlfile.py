@@ -136,17 +136,26 @@ def validate(model: type[M], data: Any, positions: Positions, prefix: PathKey = 
         raise positions.error((*prefix, *loc), msg) from None
 
 
+def _model_in(annotation: Any) -> Any:
+    """The pydantic model inside an annotation like `Model | None` or `list[Model]`, if any."""
+    if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
 def _allowed_keys(model: type[pydantic.BaseModel], parent: PathKey) -> list[str]:
     current: Any = model
     for part in parent:
-        if isinstance(part, int) or not (isinstance(current, type) and issubclass(current, pydantic.BaseModel)):
-            current = None
+        if isinstance(part, int):
+            continue  # list items: the model found for the list is the item's model
+        if current is None:
             break
         field = current.model_fields.get(part)
-        current = field.annotation if field else None
-        args = getattr(current, "__args__", None)
-        if args:
-            current = next((a for a in args if isinstance(a, type) and issubclass(a, pydantic.BaseModel)), current)
-    if isinstance(current, type) and issubclass(current, pydantic.BaseModel):
+        current = _model_in(field.annotation) if field else None
+    if current is not None:
         return [f.alias or n for n, f in current.model_fields.items()]
     return []
