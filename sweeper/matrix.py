@@ -289,16 +289,17 @@ def expand_combinations(axes: Sequence[tuple[str, Sequence[Any]]], exclude: Sequ
     combos = [c for c in combos if not any(all(_eq(c.get(k), v) for k, v in rule.items()) for rule in exclude)]
     originals = [dict(c) for c in combos]
     axis_names = {n for n, _ in axes}
+    added: list[dict[str, Any]] = []
     for rule in include:
         matched = False
+        # Only combinations of the product are extended; ones added by an include stand alone.
         for combo, original in zip(combos, originals):
             if all(_eq(original[k], v) for k, v in rule.items() if k in axis_names):
                 combo.update(rule)
                 matched = True
         if not matched:
-            combos.append(dict(rule))
-            originals.append({k: v for k, v in rule.items() if k in axis_names})
-    return combos
+            added.append(dict(rule))
+    return combos + added
 
 
 def _eq(a: Any, b: Any) -> bool:
