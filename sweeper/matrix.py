@@ -121,6 +121,9 @@ class Cell:
     # The axis values this cell binds, in axis order (what tables and ids show).
     values: Mapping[str, Any]
     server_key: str
+    # Everything that defines the cell except the commit: stored samples with the same settings,
+    # commit sha and suite are the same experiment (a bisect reuses them instead of re-running).
+    settings_key: str = ""
 
     def speculative_config(self, extra: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any] | None:
         if self.spec_method == "none":
@@ -348,10 +351,12 @@ def make_cell(spec: MatrixFile, combo: Mapping[str, Any], axis_order: Sequence[s
         "gpus": spec.gpus_per_cell,
     }
     server_key = short_hash(server_identity, 16)
+    request_fields = {k: v for k, v in request.items() if v is not None}
+    settings_key = short_hash({**server_identity, "commit": None, "request": request_fields}, 16)
     partial = Cell(cell_id="", commit=commit, spec_method=spec_method, num_speculative_tokens=nst,
                    async_scheduling=combo.get("async_scheduling"), attention_backend=combo.get("attention_backend"),
-                   env=env, serve=serve, request={k: v for k, v in request.items() if v is not None},
-                   values=values, server_key=server_key)
+                   env=env, serve=serve, request=request_fields, values=values, server_key=server_key,
+                   settings_key=settings_key)
     slug = _server_slug(partial)
     extra = [f"{k.split('.', 1)[1]}={v}" for k, v in values.items() if k.startswith(("env.", "serve.", "request."))]
     if extra:

@@ -1,0 +1,18 @@
+"""Real vLLM, as the sweeper needs it: serve flags per version, and what the server log says it ran."""
+
+from sweeper.vllm.flags import FlagSet, Launch, parse_help, serve_command, supported_flags
+from sweeper.vllm.logs import (
+    EffectiveConfig,
+    diff,
+    effective_config,
+    error_lines,
+    failure_reason,
+    non_default_args,
+    request_log_lines,
+    requested_config,
+)
+
+__all__ = [
+    "EffectiveConfig", "FlagSet", "Launch", "diff", "effective_config", "error_lines", "failure_reason",
+    "non_default_args", "parse_help", "request_log_lines", "requested_config", "serve_command", "supported_flags",
+]

@@ -1,0 +1,230 @@
+"""What a server really ran, read from its log: effective configuration, per-request lines, start failures.
+
+vLLM falls back silently (async scheduling off, Model Runner V2 -> V1, an attention backend replaced),
+so the sweeper records the effective configuration next to the requested one. Pure functions of text;
+the lines they read are those of real vLLM (checked against the 0.32 CPU build) and the simulator:
+
+    (APIServer pid=1) INFO 11-29 08:14:41 [api_utils.py:347]  ... version 0.32.0        (banner)
+    INFO ... [api_server.py:1885] vLLM API server version 0.28.1                       (older banner)
+    ... non-default args: {'host': '127.0.0.1', ..., 'async_scheduling': True, ...}
+    WARNING ... Async scheduling not supported with ngram-based speculative decoding and will be disabled.
+    WARNING ... Model Runner V2 requires Triton; using the V1 model runner instead.
+    (EngineCore pid=2) INFO ... Initializing a V1 LLM engine (v0.32.0) with config: model='...',
+        speculative_config=SpeculativeConfig(method='ngram', model=None, num_spec_tokens=3), ...,
+        device_config=cpu, structured_outputs_config=StructuredOutputsConfig(backend='xgrammar', ...), ...
+    INFO ... Using V2 Model Runner
+    INFO ... Using AttentionBackendEnum.FLASH_ATTN backend.          (explicit choice, CUDA)
+    INFO ... Using FLASHINFER attention backend out of potential backends: [...]   (auto, CUDA)
+    (Worker pid=3) INFO ... Cannot use AttentionBackendEnum.FLASH_ATTN backend on CPU.
+    ERROR ... [backend_xgrammar.py:167] Failed to advance FSM for request chatcmpl-<id>-<8 hex> ...
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from sweeper.matrix import Cell
+
+# `(APIServer pid=1) ` / `(EngineCore_DP0 pid=2) ` / `(Worker pid=3) ` then `LEVEL MM-DD HH:MM:SS [file:line] `.
+LINE = re.compile(r"^(?:\((?P<proc>[\w.-]+) pid=(?P<pid>\d+)\) )?(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+                  r"(?P<stamp>\d\d-\d\d \d\d:\d\d:\d\d) \[(?P<where>[^\]]+)\] (?P<msg>.*)$")
+_VERSION = (re.compile(r"Initializing a V\d LLM engine \(v(?P<v>[^)]+)\)"),
+            re.compile(r"vLLM API server version (?P<v>\S+)"),
+            re.compile(r"█\s+version (?P<v>\S+)"))
+_SPEC = re.compile(r"speculative_config=(?:None|SpeculativeConfig\(method='(?P<m>[^']+)'[^)]*?"
+                   r"num_spec_tokens=(?P<n>\d+))")
+_SO = re.compile(r"structured_outputs_config=StructuredOutputsConfig\((?P<body>[^)]*)\)")
+_DEVICE = re.compile(r"device_config=(?P<d>\w+)")
+_ASYNC_IN_CONFIG = re.compile(r"async_scheduling=(?P<a>True|False)")
+_ASYNC_OFF = re.compile(r"Async scheduling (?:not supported with|is not compatible with .* will be disabled|"
+                        r"will be disabled|is disabled)|Asynchronous scheduling is disabled")
+_ASYNC_ON = re.compile(r"Asynchronous scheduling is enabled")
+_BACKEND_USED = re.compile(r"Using (?:AttentionBackendEnum\.)?(?P<b>[A-Z][A-Z0-9_]+) (?:attention )?backend"
+                           r"(?: on V1 engine)?(?:\.| out of)")
+_BACKEND_REFUSED = re.compile(r"Cannot use (?:AttentionBackendEnum\.)?(?P<b>[A-Z][A-Z0-9_]+) backend")
+_NON_DEFAULT = re.compile(r"non-default args: (?P<args>\{.*\})\s*$")
+_ERROR_LINE = re.compile(r"^(?:\S+Error|\S*Exception|Value error)[:,] ")
+
+
+@dataclass(frozen=True)
+class EffectiveConfig:
+    """The configuration a server really ran with, as far as its log tells; None = the log did not say."""
+
+    version: str | None = None
+    model_runner: str | None = None  # "V1" / "V2"
+    async_scheduling: bool | None = None
+    attention_backend: str | None = None
+    spec_method: str | None = None  # "none" without speculative decoding
+    num_speculative_tokens: int | None = None
+    structured_outputs_backend: str | None = None
+    disable_any_whitespace: bool | None = None
+    reasoning_parser: str | None = None
+    device: str | None = None  # cpu, cuda, ...
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def parse_line(line: str) -> dict[str, str] | None:
+    m = LINE.match(line.rstrip("\n"))
+    return m.groupdict() if m else None
+
+
+def non_default_args(log_text: str) -> dict[str, Any]:
+    """The `non-default args: {...}` dict vLLM prints at start (the arguments as it parsed them)."""
+    for line in log_text.splitlines():
+        m = _NON_DEFAULT.search(line)
+        if m:
+            try:
+                value = ast.literal_eval(m.group("args"))
+            except (ValueError, SyntaxError):
+                return {}
+            return value if isinstance(value, dict) else {}
+    return {}
+
+
+def effective_config(log_text: str) -> EffectiveConfig:
+    version = next((m.group("v") for rx in _VERSION for m in [rx.search(log_text)] if m), None)
+    args = non_default_args(log_text)
+    spec = _SPEC.search(log_text)
+    spec_method = num_spec = None
+    if spec:
+        spec_method = spec.group("m") or "none"
+        num_spec = int(spec.group("n")) if spec.group("n") else None
+    device_m = _DEVICE.search(log_text)
+    device = device_m.group("d") if device_m else None
+
+    so_backend = disable_ws = reasoning = None
+    so = _SO.search(log_text)
+    if so:
+        kv = dict(re.findall(r"(\w+)=('[^']*'|\w+)", so.group("body")))
+        so_backend = kv.get("backend", "").strip("'") or None
+        if "disable_any_whitespace" in kv:
+            disable_ws = kv["disable_any_whitespace"] == "True"
+        reasoning = kv.get("reasoning_parser", "").strip("'") or None
+    reasoning = reasoning or args.get("reasoning_parser")
+
+    runner = None
+    if "Using V2 Model Runner" in log_text:
+        runner = "V2"
+    elif "V1 LLM engine" in log_text or re.search(r"V1 model runner|Model Runner V1", log_text):
+        # V2 always says so when it runs; an engine that started without saying it runs V1.
+        runner = "V1"
+
+    backend = _attention_backend(log_text, device, args)
+    return EffectiveConfig(
+        version=version, model_runner=runner, async_scheduling=_async(log_text, device, args, version),
+        attention_backend=backend, spec_method=spec_method, num_speculative_tokens=num_spec,
+        structured_outputs_backend=so_backend, disable_any_whitespace=disable_ws,
+        reasoning_parser=reasoning or ("none" if so else None), device=device)
+
+
+def _async(log_text: str, device: str | None, args: Mapping[str, Any], version: str | None) -> bool | None:
+    if _ASYNC_OFF.search(log_text):
+        return False
+    if _ASYNC_ON.search(log_text):
+        return True
+    m = _ASYNC_IN_CONFIG.search(log_text)
+    if m:
+        return m.group("a") == "True"
+    if device == "cpu":
+        return False  # the CPU platform turns it off without a word (vllm/platforms/cpu.py)
+    if "async_scheduling" in args:
+        return bool(args["async_scheduling"])
+    if version is None or "V1 LLM engine" not in log_text:
+        return None
+    return _release(version) >= (0, 14)  # the default since 0.14
+
+
+def _attention_backend(log_text: str, device: str | None, args: Mapping[str, Any]) -> str | None:
+    used = [m.group("b") for m in _BACKEND_USED.finditer(log_text)]
+    used = [b for b in used if not b.endswith("_MLA_PREFILL")]
+    if used:
+        return used[-1]
+    if device == "cpu":
+        return "CPU_ATTN"  # chosen silently; a refused request logs "Cannot use ... on CPU."
+    return None
+
+
+def _release(version: str) -> tuple[int, int]:
+    m = re.match(r"v?(\d+)\.(\d+)", version)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+# --- requested vs effective -------------------------------------------------------------------------
+
+def requested_config(cell: Cell) -> dict[str, Any]:
+    """What the cell asked for, in `EffectiveConfig`'s terms (None = left to vLLM's default)."""
+    so = cell.serve.get("--structured-outputs-config")
+    so = so if isinstance(so, Mapping) else {}
+    env_runner = cell.env.get("VLLM_USE_V2_MODEL_RUNNER")
+    return {
+        "spec_method": cell.spec_method, "num_speculative_tokens": cell.num_speculative_tokens,
+        "async_scheduling": cell.async_scheduling,
+        "attention_backend": cell.attention_backend.upper() if cell.attention_backend else None,
+        "model_runner": None if env_runner is None else ("V2" if env_runner.lower() in ("1", "true") else "V1"),
+        "structured_outputs_backend": so.get("backend"),
+        "disable_any_whitespace": so.get("disable_any_whitespace"),
+        "reasoning_parser": cell.serve.get("--reasoning-parser"),
+    }
+
+
+def diff(requested: Cell, effective: EffectiveConfig) -> dict[str, tuple[Any, Any]]:
+    """Settings the cell asked for explicitly that the server did not run: {name: (requested, effective)}."""
+    eff = effective.as_dict()
+    out: dict[str, tuple[Any, Any]] = {}
+    for key, want in requested_config(requested).items():
+        got = eff.get(key)
+        if want is None or got is None:
+            continue  # not asked for, or the log did not say
+        if key == "num_speculative_tokens" and requested.spec_method == "none":
+            continue
+        if want != got:
+            out[key] = (want, got)
+    return out
+
+
+# --- per-request lines and failures -----------------------------------------------------------------
+
+def _id_pattern(request_id: str) -> re.Pattern[str]:
+    # The response id is `chatcmpl-<X-Request-Id>`; the engine adds `-<8 hex>` to it in its lines.
+    rid = re.escape(request_id.removeprefix("chatcmpl-").removeprefix("cmpl-"))
+    return re.compile(rf"(?<![\w-])(?:chatcmpl-|cmpl-)?{rid}(?:-[0-9a-f]{{8}})?(?![\w-])")
+
+
+def request_log_lines(log_lines: Iterable[str], request_id: str) -> list[str]:
+    """The log lines that name this request (the X-Request-Id sent, with or without `chatcmpl-`)."""
+    rx = _id_pattern(request_id)
+    return [line.rstrip("\n") for line in log_lines if rx.search(line)]
+
+
+def error_lines(log_lines: Iterable[str], request_id: str | None = None) -> list[str]:
+    """ERROR/CRITICAL lines (of one request when `request_id` is given)."""
+    rx = _id_pattern(request_id) if request_id else None
+    out = []
+    for line in log_lines:
+        parsed = parse_line(line)
+        if parsed and parsed["level"] in ("ERROR", "CRITICAL") and (rx is None or rx.search(line)):
+            out.append(line.rstrip("\n"))
+    return out
+
+
+def failure_reason(log_text: str) -> str | None:
+    """Why a server refused to start: the last exception message in its log, if any."""
+    reason = None
+    for line in log_text.splitlines():
+        stripped = line.strip()
+        if _ERROR_LINE.match(stripped):
+            reason = stripped
+        else:
+            parsed = parse_line(line)
+            if parsed and parsed["level"] in ("ERROR", "CRITICAL") and "Traceback" not in parsed["msg"]:
+                reason = reason or parsed["msg"]
+    if reason and reason.startswith("Value error, "):
+        # pydantic's wrapper around vLLM's ValueError: keep vLLM's message, drop pydantic's trailer.
+        reason = "ValueError: " + re.sub(r" \[type=value_error.*$", "", reason[len("Value error, "):])
+    return reason
