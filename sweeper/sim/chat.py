@@ -51,11 +51,11 @@ class Completion:
 def rng_for(req: ChatRequest, occurrence: int, server_seed: int) -> random.Random:
     # Greedy decoding and an explicit seed are reproducible; sampling varies between repeats.
     if req.seed is not None:
-        key = f"seed:{req.seed}:{req.canonical}"
+        key = f"seed:{req.seed}:{req.generation_key}"
     elif req.temperature == 0:
-        key = f"greedy:{req.canonical}"
+        key = f"greedy:{req.generation_key}"
     else:
-        key = f"sample:{server_seed}:{occurrence}:{req.canonical}"
+        key = f"sample:{server_seed}:{occurrence}:{req.generation_key}"
     return random.Random(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big"))
 
 
@@ -64,15 +64,18 @@ def build(req: ChatRequest, cfg: EngineConfig, bugs: list[Bug], rng: random.Rand
     limit = req.max_tokens if req.max_tokens is not None else max(1, cfg.max_model_len - len(prompt_ids))
     effects = {b.effect for b in bugs}
     tokens: list[Token] = []
+    answer_len = rng.randint(6, 60)
 
     if req.enable_thinking:
         if req.thinking_budget is not None and Effect.THINKING_BUDGET_IGNORED in effects:
             tokens = g.words(rng, limit, Channel.REASONING, thinking=True)
             return Completion(tokens, "length", prompt_ids)
         natural = rng.randint(8, 40)
-        if req.thinking_budget is not None:
+        if req.thinking_budget is not None and req.thinking_budget <= natural:
             # The budget counts </think> itself: budget 8 gives 7 reasoning tokens, budget 1 none.
-            natural = min(natural, max(0, req.thinking_budget - 1))
+            # Cut off while thinking, the model blurts a short answer ("\n\n2").
+            natural = max(0, req.thinking_budget - 1)
+            answer_len = rng.randint(1, 3)
         tokens = g.words(rng, natural, Channel.REASONING, thinking=True)
         if len(tokens) >= limit:
             return Completion(tokens[:limit], "length", prompt_ids)
@@ -103,7 +106,7 @@ def build(req: ChatRequest, cfg: EngineConfig, bugs: list[Bug], rng: random.Rand
         body = g.tokenize(text, Channel.CONTENT)
     else:
         lead = [Token(271, "\n\n", Channel.CONTENT)] if tokens else []
-        body = lead + g.words(rng, rng.randint(6, 60), Channel.CONTENT)
+        body = lead + g.words(rng, answer_len, Channel.CONTENT)
     tokens += body
     if len(tokens) > limit:
         return Completion(tokens[:limit], "length", prompt_ids)

@@ -87,7 +87,7 @@ class Generator:
         options = list(schema["oneOf"])
         start = self.rng.randrange(len(options))
         value: Any = None
-        for i in range(len(options)):
+        for i in range(3 * len(options)):  # a few rounds: a draw can land in two branches at once
             option = options[(start + i) % len(options)]
             value = self.instance(_combine(base, self._resolve(option) if isinstance(option, dict) else option),
                                   depth + 1)
@@ -174,6 +174,9 @@ class Generator:
             sub = prefix[i] if i < len(prefix) else items
             value = self.instance(sub, depth + 1)
             if schema.get("uniqueItems"):
+                options = self._resolve(sub).get("enum") if isinstance(sub, dict) else None
+                if options and value in out:  # walk the enum instead of hoping for a fresh draw
+                    value = next((o for o in options if o not in out), value)
                 for _ in range(8):
                     if value not in out:
                         break
@@ -208,9 +211,16 @@ class Generator:
         return value
 
     def _number(self, schema: dict[str, Any], depth: int) -> float | int:
-        if isinstance(schema.get("multipleOf"), int):
+        step = schema.get("multipleOf")
+        if isinstance(step, int):
             return self._integer(schema, depth)
         lo, hi = _bounds(schema, integer=False)
+        if isinstance(step, float) and step > 0:
+            first, last = int(-(-lo // step)), int(hi // step)
+            k = self.rng.randint(first, max(first, last))
+            if (k * step).is_integer() and k + 1 <= last:
+                k += 1  # a fractional multiple keeps "number" apart from "integer" (oneOf)
+            return k * step
         return round(self.rng.uniform(lo, hi), 2) if lo < hi else lo
 
     def _boolean(self, schema: dict[str, Any], depth: int) -> bool:

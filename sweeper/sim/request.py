@@ -21,6 +21,7 @@ class RequestError(Exception):
 @dataclass(frozen=True)
 class ChatRequest:
     canonical: str  # the body as canonical JSON: the identity of "the same request"
+    generation_key: str  # the canonical body less transport options: what decides the tokens
     prompt_text: str
     max_tokens: int | None
     temperature: float
@@ -41,6 +42,10 @@ class ChatRequest:
                 "tools": bool(self.tools) and self.tool_choice != "none",
                 "thinking_budget": self.thinking_budget is not None, "stream": self.stream,
                 "enable_thinking": self.enable_thinking}
+
+
+# Fields that change how an answer is delivered, not which tokens it has.
+_TRANSPORT = frozenset({"stream", "stream_options", "return_token_ids", "logprobs", "top_logprobs", "user"})
 
 
 def parse(body: Any, cfg: EngineConfig) -> ChatRequest:
@@ -94,7 +99,9 @@ def parse(body: Any, cfg: EngineConfig) -> ChatRequest:
         raise RequestError(f"This model's maximum context length is {cfg.max_model_len} tokens. However, you "
                            f"requested {len(prompt) // 4 + max_tokens} tokens. Please reduce the length.")
     return ChatRequest(
-        canonical=json.dumps(body, sort_keys=True, separators=(",", ":")), prompt_text=prompt,
+        canonical=json.dumps(body, sort_keys=True, separators=(",", ":")),
+        generation_key=json.dumps({k: v for k, v in body.items() if k not in _TRANSPORT}, sort_keys=True),
+        prompt_text=prompt,
         max_tokens=max_tokens, temperature=float(temperature), seed=seed, stream=stream,
         include_usage=bool(stream_options.get("include_usage", False)), schema=schema, json_object=json_object,
         tools=tools, tool_choice=tool_choice, thinking_budget=budget, enable_thinking=enable_thinking,
