@@ -38,8 +38,9 @@ class Sim:
     def log(self) -> str:
         return self.log_path.read_text()
 
-    def chat(self, body: dict[str, Any], *, headers: dict[str, str] | None = None,
-             timeout: float = 10.0) -> httpx.Response:
+    def chat(
+        self, body: dict[str, Any], *, headers: dict[str, str] | None = None, timeout: float = 10.0
+    ) -> httpx.Response:
         return httpx.post(f"{self.url}/v1/chat/completions", json=body, headers=headers, timeout=timeout)
 
 
@@ -57,11 +58,23 @@ def write_tree(directory: Path, sim_yaml: dict[str, Any] | None) -> dict[str, st
     return {"SWEEP_SIM_TREE": str(directory)}
 
 
-def run_sim(argv: list[str], tmp: Path, sim_yaml: dict[str, Any] | None = None,
-            env: dict[str, str] | None = None, timeout: float = 20) -> subprocess.CompletedProcess[str]:
+def run_sim(
+    argv: list[str],
+    tmp: Path,
+    sim_yaml: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 20,
+) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, **write_tree(tmp / "tree", sim_yaml), **(env or {})}
-    return subprocess.run([*SIM, *argv], capture_output=True, text=True, env=full_env, timeout=timeout,
-                          start_new_session=True)
+    return subprocess.run(
+        [*SIM, *argv],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        start_new_session=True,
+    )
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -72,14 +85,25 @@ def kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def sim_server(tmp: Path, *flags: str, sim_yaml: dict[str, Any] | None = None, env: dict[str, str] | None = None,
-               wait: bool = True, model: str = "Qwen/Qwen3-8B") -> Iterator[Sim]:
+def sim_server(
+    tmp: Path,
+    *flags: str,
+    sim_yaml: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+    wait: bool = True,
+    model: str = "Qwen/Qwen3-8B",
+) -> Iterator[Sim]:
     port = free_port()
     log_path = tmp / f"sim-{port}.log"
     full_env = {**os.environ, **write_tree(tmp / f"tree-{port}", sim_yaml), **(env or {})}
     with log_path.open("wb") as log:
-        proc = subprocess.Popen([*SIM, "serve", model, "--host", "127.0.0.1", "--port", str(port), *flags],
-                                stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+        proc = subprocess.Popen(
+            [*SIM, "serve", model, "--host", "127.0.0.1", "--port", str(port), *flags],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            start_new_session=True,
+        )
     sim = Sim(f"http://127.0.0.1:{port}", proc, log_path)
     try:
         if wait:
@@ -103,16 +127,26 @@ def wait_healthy(sim: Sim, deadline_s: float = 15.0) -> float:
 
 SCHEMAS = sorted(Path("/work/shared/data/jsonschemabench").glob("*.json"))
 MTP = ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 4}']
-ARRAY_SCHEMA = {"type": "object", "properties": {"title": {"type": "string"},
-                                                 "items": {"type": "array", "items": {"type": "integer"},
-                                                           "minItems": 1}},
-                "required": ["title", "items"], "additionalProperties": False}
+ARRAY_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string"},
+        "items": {"type": "array", "items": {"type": "integer"}, "minItems": 1},
+    },
+    "required": ["title", "items"],
+    "additionalProperties": False,
+}
 FAST = {"version": "0.28.1.dev12", "startup_s": 0.0, "token_latency_s": 0.0}
 
 
 def json_request(schema: Any = ARRAY_SCHEMA, **extra: Any) -> dict[str, Any]:
-    return {"messages": [{"role": "user", "content": "Give me a list."}], "max_tokens": 200, "temperature": 0,
-            "response_format": {"type": "json_schema", "json_schema": {"name": "out", "schema": schema}}, **extra}
+    return {
+        "messages": [{"role": "user", "content": "Give me a list."}],
+        "max_tokens": 200,
+        "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "out", "schema": schema}},
+        **extra,
+    }
 
 
 def bug_tree(*bugs: dict[str, Any], **top: Any) -> dict[str, Any]:
@@ -120,6 +154,7 @@ def bug_tree(*bugs: dict[str, Any], **top: Any) -> dict[str, Any]:
 
 
 # --- the instance generator, in-process -------------------------------------------------------
+
 
 def test_the_bench_holds_48_schemas() -> None:
     assert len(SCHEMAS) == 48
@@ -140,19 +175,31 @@ def test_generated_instances_are_valid_for_every_real_schema(path: Path) -> None
 def test_generator_handles_refs_one_of_patterns_and_bounds() -> None:
     import random
 
-    schema = {"$defs": {"id": {"type": "string", "pattern": "^[A-Z]{3}-\\d{2,4}$"}},
-              "type": "object", "required": ["id", "n", "pick", "tags"],
-              "properties": {"id": {"$ref": "#/$defs/id"}, "n": {"type": "integer", "minimum": 5, "maximum": 6},
-                             "pick": {"oneOf": [{"type": "integer"}, {"type": "number", "multipleOf": 0.5}]},
-                             "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 2,
-                                      "maxItems": 2, "uniqueItems": True}},
-              "additionalProperties": False}
+    schema = {
+        "$defs": {"id": {"type": "string", "pattern": "^[A-Z]{3}-\\d{2,4}$"}},
+        "type": "object",
+        "required": ["id", "n", "pick", "tags"],
+        "properties": {
+            "id": {"$ref": "#/$defs/id"},
+            "n": {"type": "integer", "minimum": 5, "maximum": 6},
+            "pick": {"oneOf": [{"type": "integer"}, {"type": "number", "multipleOf": 0.5}]},
+            "tags": {
+                "type": "array",
+                "items": {"enum": ["a", "b"]},
+                "minItems": 2,
+                "maxItems": 2,
+                "uniqueItems": True,
+            },
+        },
+        "additionalProperties": False,
+    }
     for seed in range(50):
         jsonschema.validate(instance(schema, random.Random(seed)), schema)
     assert instance(schema, random.Random(3)) == instance(schema, random.Random(3))
 
 
 # --- start-up, health, auth ---------------------------------------------------------------------
+
 
 def test_health_is_refused_during_the_declared_startup_then_200(tmp_path: Path) -> None:
     with sim_server(tmp_path, sim_yaml={**FAST, "startup_s": 1.0}, wait=False) as sim:
@@ -188,18 +235,27 @@ def test_term_stops_the_server_gracefully(tmp_path: Path) -> None:
 
 # --- chat: text, JSON, tools, reasoning, streaming, metrics -------------------------------------
 
+
 def test_text_json_object_request_ids_and_errors(tmp_path: Path) -> None:
     with sim_server(tmp_path, sim_yaml=FAST) as sim:
-        text = sim.chat({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
-                        headers={"X-Request-Id": "abc"})
-        obj = sim.chat({"messages": [{"role": "user", "content": "hi"}],
-                        "response_format": {"type": "json_object"}})
+        text = sim.chat(
+            {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+            headers={"X-Request-Id": "abc"},
+        )
+        obj = sim.chat(
+            {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}
+        )
         bad = sim.chat({"messages": "nope"})
-        bad_schema = sim.chat({"messages": [{"role": "user", "content": "x"}],
-                               "response_format": {"type": "json_schema"}})
+        bad_schema = sim.chat(
+            {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}}
+        )
         no_budget = sim.chat({"messages": [{"role": "user", "content": "x"}], "thinking_token_budget": 4})
-        auto = sim.chat({"messages": [{"role": "user", "content": "x"}],
-                         "tools": [{"type": "function", "function": {"name": "f"}}]})
+        auto = sim.chat(
+            {
+                "messages": [{"role": "user", "content": "x"}],
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+            }
+        )
         log = sim.log()
     assert text.json()["id"] == "chatcmpl-abc"
     assert text.json()["choices"][0]["finish_reason"] == "length"
@@ -226,12 +282,17 @@ def test_structured_output_is_valid_for_all_48_real_schemas(tmp_path: Path) -> N
 
 def test_tool_calls_have_arguments_valid_for_the_tool(tmp_path: Path) -> None:
     calc = json.loads((SCHEMAS[0].parent / "Glaiveai2K--calculate_area_4c3f5d87.json").read_text())
-    tools = [{"type": "function", "function": {"name": "noop", "parameters": {"type": "object"}}},
-             {"type": "function", "function": {"name": "calculate_area", "parameters": calc}}]
+    tools = [
+        {"type": "function", "function": {"name": "noop", "parameters": {"type": "object"}}},
+        {"type": "function", "function": {"name": "calculate_area", "parameters": calc}},
+    ]
     base = {"messages": [{"role": "user", "content": "area?"}], "tools": tools, "max_tokens": 2000}
-    with sim_server(tmp_path, "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder",
-                    sim_yaml=FAST) as sim:
-        named = sim.chat({**base, "tool_choice": {"type": "function", "function": {"name": "calculate_area"}}})
+    with sim_server(
+        tmp_path, "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder", sim_yaml=FAST
+    ) as sim:
+        named = sim.chat(
+            {**base, "tool_choice": {"type": "function", "function": {"name": "calculate_area"}}}
+        )
         auto = sim.chat(base)
         required = sim.chat({**base, "tool_choice": "required"})
         unknown = sim.chat({**base, "tool_choice": {"type": "function", "function": {"name": "zzz"}}})
@@ -245,12 +306,17 @@ def test_tool_calls_have_arguments_valid_for_the_tool(tmp_path: Path) -> None:
 
 
 def test_reasoning_and_thinking_budget(tmp_path: Path) -> None:
-    ask = {"messages": [{"role": "user", "content": "1+1?"}], "max_tokens": 32, "temperature": 0,
-           "return_token_ids": True}
+    ask = {
+        "messages": [{"role": "user", "content": "1+1?"}],
+        "max_tokens": 32,
+        "temperature": 0,
+        "return_token_ids": True,
+    }
     with sim_server(tmp_path, "--reasoning-parser", "qwen3", sim_yaml=FAST) as sim:
         free = sim.chat({**ask, "max_tokens": 400}).json()
-        budget = sim.chat({**ask, "thinking_token_budget": 1,
-                           "chat_template_kwargs": {"enable_thinking": True}}).json()
+        budget = sim.chat(
+            {**ask, "thinking_token_budget": 1, "chat_template_kwargs": {"enable_thinking": True}}
+        ).json()
         budget8 = sim.chat({**ask, "max_tokens": 400, "thinking_token_budget": 8}).json()
         off = sim.chat({**ask, "chat_template_kwargs": {"enable_thinking": False}}).json()
     message = free["choices"][0]["message"]
@@ -272,13 +338,19 @@ def test_streaming_matches_the_non_streamed_answer(tmp_path: Path) -> None:
     ask = {"messages": [{"role": "user", "content": "tell me"}], "max_tokens": 50, "temperature": 0}
     with sim_server(tmp_path, sim_yaml=FAST) as sim:
         whole = sim.chat(ask).json()
-        with httpx.stream("POST", f"{sim.url}/v1/chat/completions", timeout=10,
-                          json={**ask, "stream": True, "stream_options": {"include_usage": True}}) as r:
+        with httpx.stream(
+            "POST",
+            f"{sim.url}/v1/chat/completions",
+            timeout=10,
+            json={**ask, "stream": True, "stream_options": {"include_usage": True}},
+        ) as r:
             lines = [line for line in r.iter_lines() if line]
     assert lines[-1] == "data: [DONE]"
-    chunks = [json.loads(line[len("data: "):]) for line in lines[:-1]]
+    chunks = [json.loads(line[len("data: ") :]) for line in lines[:-1]]
     content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
-    finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    finish = [
+        c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]
+    ]
     assert content == whole["choices"][0]["message"]["content"]
     assert finish == [whole["choices"][0]["finish_reason"]]
     assert chunks[-1]["usage"] == whole["usage"]
@@ -310,7 +382,9 @@ def test_metrics_count_tokens_and_spec_decode(tmp_path: Path) -> None:
     accepted = _metric(spec, "vllm:spec_decode_num_accepted_tokens_total")
     assert _metric(spec, "vllm:spec_decode_num_draft_tokens_total") == 4 * drafts
     assert drafts + accepted >= used and 0 < accepted < 4 * drafts
-    per_pos = [_metric(spec, "vllm:spec_decode_num_accepted_tokens_per_pos_total", position=str(i)) for i in range(4)]
+    per_pos = [
+        _metric(spec, "vllm:spec_decode_num_accepted_tokens_per_pos_total", position=str(i)) for i in range(4)
+    ]
     assert sum(per_pos) == accepted and per_pos == sorted(per_pos, reverse=True)
     assert "spec_decode" not in plain and _metric(plain, "vllm:request_success_total") == 1
 
@@ -328,10 +402,13 @@ def test_fsm_whitespace_cuts_json_after_the_array_colon_and_logs_the_id(tmp_path
     choice = broken["choices"][0]
     content = choice["message"]["content"]
     head = content.rstrip()
-    assert head.endswith('"items":') and content[len(head):].strip() == "" and len(content) > len(head)
+    assert head.endswith('"items":') and content[len(head) :].strip() == "" and len(content) > len(head)
     assert choice["finish_reason"] == "length" and broken["usage"]["completion_tokens"] == 64
-    assert re.search(r"ERROR \d\d-\d\d [\d:]+ \[backend_xgrammar.py:167\] Failed to advance FSM for request "
-                     r"chatcmpl-r1 for tokens (71093|2164|271)\. Please file an issue\.", log)
+    assert re.search(
+        r"ERROR \d\d-\d\d [\d:]+ \[backend_xgrammar.py:167\] Failed to advance FSM for request "
+        r"chatcmpl-r1 for tokens (71093|2164|271)\. Please file an issue\.",
+        log,
+    )
     assert plain["choices"][0]["finish_reason"] in ("stop", "length")  # text requests are not affected
     assert log.count("Failed to advance FSM") == 1
 
@@ -346,8 +423,10 @@ def test_fsm_bug_does_not_bite_other_configurations(tmp_path: Path) -> None:
 
 
 def test_silent_whitespace_has_no_log_line(tmp_path: Path) -> None:
-    silent = {"effect": "silent_whitespace",
-              "when": {"spec_method": "mtp", "reasoning_parser": "qwen3", "async_scheduling": True}}
+    silent = {
+        "effect": "silent_whitespace",
+        "when": {"spec_method": "mtp", "reasoning_parser": "qwen3", "async_scheduling": True},
+    }
     with sim_server(tmp_path, *MTP, "--reasoning-parser", "qwen3", sim_yaml=bug_tree(silent)) as sim:
         body = sim.chat(json_request(max_tokens=80)).json()
         log = sim.log()
@@ -361,12 +440,24 @@ def test_silent_whitespace_has_no_log_line(tmp_path: Path) -> None:
 
 def test_thinking_budget_ignored(tmp_path: Path) -> None:
     bug = {"effect": "thinking_budget_ignored", "when": {"spec_method": ["mtp"], "model_runner": ["V2"]}}
-    ask = {"messages": [{"role": "user", "content": "1+1?"}], "max_tokens": 32, "thinking_token_budget": 1,
-           "return_token_ids": True}
-    with sim_server(tmp_path, *MTP, "--reasoning-parser", "qwen3", sim_yaml=bug_tree(bug, version="0.28.1")) as sim:
+    ask = {
+        "messages": [{"role": "user", "content": "1+1?"}],
+        "max_tokens": 32,
+        "thinking_token_budget": 1,
+        "return_token_ids": True,
+    }
+    with sim_server(
+        tmp_path, *MTP, "--reasoning-parser", "qwen3", sim_yaml=bug_tree(bug, version="0.28.1")
+    ) as sim:
         broken = sim.chat(ask).json()
-    with sim_server(tmp_path, *MTP, "--reasoning-parser", "qwen3", sim_yaml=bug_tree(bug, version="0.28.1"),
-                    env={"VLLM_USE_V2_MODEL_RUNNER": "0"}) as sim:
+    with sim_server(
+        tmp_path,
+        *MTP,
+        "--reasoning-parser",
+        "qwen3",
+        sim_yaml=bug_tree(bug, version="0.28.1"),
+        env={"VLLM_USE_V2_MODEL_RUNNER": "0"},
+    ) as sim:
         fine = sim.chat(ask).json()
         assert "Using V2 Model Runner" not in sim.log()
     usage = broken["usage"]
@@ -380,8 +471,10 @@ def test_thinking_budget_ignored(tmp_path: Path) -> None:
 def _outcomes(tmp_path: Path, seed: str, repeats: int = 30) -> list[bool]:
     rated = {**FSM, "rate": 0.33}
     with sim_server(tmp_path, *MTP, "--seed", seed, sim_yaml=bug_tree(rated)) as sim:
-        return [sim.chat(json_request(max_tokens=40)).json()["choices"][0]["finish_reason"] == "length"
-                for _ in range(repeats)]
+        return [
+            sim.chat(json_request(max_tokens=40)).json()["choices"][0]["finish_reason"] == "length"
+            for _ in range(repeats)
+        ]
 
 
 def test_rate_based_bug_is_flaky_across_repeats_and_reproducible_across_restarts(tmp_path: Path) -> None:
@@ -414,8 +507,11 @@ def test_hang_never_answers_and_term_still_stops(tmp_path: Path) -> None:
 
 
 def test_refuse_start_and_install_fail(tmp_path: Path) -> None:
-    refuse = run_sim(["serve", "m", "--port", str(free_port())], tmp_path,
-                     bug_tree({"effect": "refuse_start", "message": "no kernel image is available"}))
+    refuse = run_sim(
+        ["serve", "m", "--port", str(free_port())],
+        tmp_path,
+        bug_tree({"effect": "refuse_start", "message": "no kernel image is available"}),
+    )
     broken = run_sim(["serve", "m"], tmp_path / "b", {**FAST, "install": "fail: nvcc failed"})
     assert refuse.returncode == 1 and "RuntimeError: no kernel image is available" in refuse.stdout
     assert broken.returncode == 1 and "nvcc failed" in broken.stderr
@@ -423,8 +519,12 @@ def test_refuse_start_and_install_fail(tmp_path: Path) -> None:
 
 # --- fallbacks and refusals of vLLM itself ------------------------------------------------------
 
+
 def test_ngram_disables_default_async_and_falls_back_to_v1(tmp_path: Path) -> None:
-    ngram = ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}']
+    ngram = [
+        "--speculative-config",
+        '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}',
+    ]
     with sim_server(tmp_path, *ngram, sim_yaml=FAST) as sim:
         log = sim.log()
     assert "Async scheduling not supported with ngram-based speculative decoding and will be disabled." in log
@@ -437,13 +537,24 @@ def test_ngram_disables_default_async_and_falls_back_to_v1(tmp_path: Path) -> No
 
 
 def test_startup_refusals_exit_1_with_vllm_messages(tmp_path: Path) -> None:
-    explicit = run_sim(["serve", "m", "--async-scheduling", "--speculative-config",
-                        '{"method": "ngram", "num_speculative_tokens": 3}'], tmp_path, FAST)
+    explicit = run_sim(
+        [
+            "serve",
+            "m",
+            "--async-scheduling",
+            "--speculative-config",
+            '{"method": "ngram", "num_speculative_tokens": 3}',
+        ],
+        tmp_path,
+        FAST,
+    )
     backend = run_sim(["serve", "m", "--attention-backend", "NOPE_ATTN"], tmp_path, FAST)
     unknown = run_sim(["serve", "m", "--no-such-flag", "3"], tmp_path, FAST)
     assert explicit.returncode == 1
-    assert ("ValueError: Currently, async scheduling is only supported with EAGLE/MTP/Draft Model/NGram GPU/"
-            "DSpark/DFlash kind of speculative decoding") in explicit.stdout
+    assert (
+        "ValueError: Currently, async scheduling is only supported with EAGLE/MTP/Draft Model/NGram GPU/"
+        "DSpark/DFlash kind of speculative decoding"
+    ) in explicit.stdout
     assert backend.returncode == 1 and "ValueError: Unknown attention backend: 'NOPE_ATTN'" in backend.stdout
     assert unknown.returncode == 2 and "unrecognized arguments: --no-such-flag" in unknown.stderr
 
@@ -452,8 +563,13 @@ def test_help_and_version_follow_the_simulated_version(tmp_path: Path) -> None:
     new = run_sim(["serve", "--help"], tmp_path / "a", {**FAST, "version": "0.31.0"})
     old = run_sim(["serve", "--help"], tmp_path / "b", {**FAST, "version": "0.30.2"})
     version = run_sim(["--version"], tmp_path / "c", {**FAST, "version": "0.29.0"})
-    latest = subprocess.run([*SIM, "--version"], capture_output=True, text=True,
-                            env={k: v for k, v in os.environ.items() if k != "SWEEP_SIM_TREE"})
+    latest = subprocess.run(
+        [*SIM, "--version"],
+        check=False,
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "SWEEP_SIM_TREE"},
+    )
     assert new.returncode == old.returncode == 0
     assert "--tool-strict-level" in new.stdout and "--tool-strict-level" not in old.stdout
     assert "--speculative-config" in old.stdout and "--async-scheduling" in old.stdout
@@ -463,6 +579,7 @@ def test_help_and_version_follow_the_simulated_version(tmp_path: Path) -> None:
 
 # --- make-repo ----------------------------------------------------------------------------------
 
+
 def _git(repo: Path, *argv: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *argv], capture_output=True, text=True, check=True).stdout
 
@@ -470,8 +587,10 @@ def _git(repo: Path, *argv: str) -> str:
 def test_make_repo_bisect_plants_culprit_broken_installs_and_fix(tmp_path: Path) -> None:
     repo = tmp_path / "vllm"
     start = time.monotonic()
-    out = run_sim(["make-repo", str(repo), "--scenario", "bisect", "--commits", "250", "--seed", "3", "--json"],
-                  tmp_path)
+    out = run_sim(
+        ["make-repo", str(repo), "--scenario", "bisect", "--commits", "250", "--seed", "3", "--json"],
+        tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     assert time.monotonic() - start < 5
     plan = json.loads(out.stdout)
@@ -508,16 +627,26 @@ def test_make_repo_demo_then_serve_its_commits(tmp_path: Path) -> None:
     plan = json.loads(out.stdout)
     assert list(plan["tags"]) == ["v0.27.0", "v0.28.0"] and plan["install_broken"] is None
     assert plan["fix"]["subject"].endswith("(#44297)")
-    assert plan["tag_indices"]["v0.27.0"] < plan["culprit"]["index"] < plan["fix"]["index"] \
+    assert (
+        plan["tag_indices"]["v0.27.0"]
+        < plan["culprit"]["index"]
+        < plan["fix"]["index"]
         < plan["tag_indices"]["v0.28.0"]
-    assert {b["effect"] for b in plan["bugs"]} == {"fsm_whitespace", "silent_whitespace", "thinking_budget_ignored"}
+    )
+    assert {b["effect"] for b in plan["bugs"]} == {
+        "fsm_whitespace",
+        "silent_whitespace",
+        "thinking_budget_ignored",
+    }
     worktree = tmp_path / "at-culprit"
     _git(repo, "worktree", "add", "-q", "--detach", str(worktree), plan["culprit"]["sha"])
     version = run_sim(["--version"], tmp_path, env={"SWEEP_SIM_TREE": str(worktree)})
     assert version.stdout.strip() == f"0.27.1.dev{plan['culprit']['index']}+g{plan['culprit']['sha'][:9]}"
     env = {"SWEEP_SIM_TREE": str(worktree)}
     with sim_server(tmp_path, *MTP, env=env) as sim:
-        finishes = [sim.chat(json_request(max_tokens=30)).json()["choices"][0]["finish_reason"] for _ in range(12)]
+        finishes = [
+            sim.chat(json_request(max_tokens=30)).json()["choices"][0]["finish_reason"] for _ in range(12)
+        ]
     assert "length" in finishes and "stop" in finishes
 
 

@@ -13,23 +13,53 @@ from typing import Any
 
 PROG = "vllm serve"
 # Flags that take a JSON object and also accept vLLM's dotted form `--name.key value`.
-JSON_FLAGS = ("speculative-config", "structured-outputs-config", "attention-config", "compilation-config",
-              "hf-overrides", "kv-transfer-config", "override-generation-config", "limit-mm-per-prompt")
+JSON_FLAGS = (
+    "speculative-config",
+    "structured-outputs-config",
+    "attention-config",
+    "compilation-config",
+    "hf-overrides",
+    "kv-transfer-config",
+    "override-generation-config",
+    "limit-mm-per-prompt",
+)
 
 # Real `vllm serve` flags the simulator accepts and ignores: (flag, takes a value).
 _PASSIVE: tuple[tuple[str, bool], ...] = (
-    ("--trust-remote-code", False), ("--tokenizer", True), ("--revision", True), ("--download-dir", True),
-    ("--load-format", True), ("--quantization", True), ("--kv-cache-dtype", True), ("--block-size", True),
-    ("--max-num-seqs", True), ("--max-num-batched-tokens", True), ("--swap-space", True),
-    ("--cpu-offload-gb", True), ("--pipeline-parallel-size", True), ("--data-parallel-size", True),
-    ("--distributed-executor-backend", True), ("--chat-template", True),
-    ("--chat-template-content-format", True), ("--response-role", True), ("--generation-config", True),
-    ("--max-logprobs", True), ("--uvicorn-log-level", True), ("--allowed-origins", True),
-    ("--root-path", True), ("--mm-processor-kwargs", True), ("--tokenizer-mode", True),
-    ("--disable-log-stats", False), ("--enable-log-requests", False), ("--disable-log-requests", False),
-    ("--disable-uvicorn-access-log", False), ("--disable-frontend-multiprocessing", False),
-    ("--enable-prompt-tokens-details", False), ("--enable-force-include-usage", False),
-    ("--enable-expert-parallel", False), ("--enable-chunked-prefill", False),
+    ("--trust-remote-code", False),
+    ("--tokenizer", True),
+    ("--revision", True),
+    ("--download-dir", True),
+    ("--load-format", True),
+    ("--quantization", True),
+    ("--kv-cache-dtype", True),
+    ("--block-size", True),
+    ("--max-num-seqs", True),
+    ("--max-num-batched-tokens", True),
+    ("--swap-space", True),
+    ("--cpu-offload-gb", True),
+    ("--pipeline-parallel-size", True),
+    ("--data-parallel-size", True),
+    ("--distributed-executor-backend", True),
+    ("--chat-template", True),
+    ("--chat-template-content-format", True),
+    ("--response-role", True),
+    ("--generation-config", True),
+    ("--max-logprobs", True),
+    ("--uvicorn-log-level", True),
+    ("--allowed-origins", True),
+    ("--root-path", True),
+    ("--mm-processor-kwargs", True),
+    ("--tokenizer-mode", True),
+    ("--disable-log-stats", False),
+    ("--enable-log-requests", False),
+    ("--disable-log-requests", False),
+    ("--disable-uvicorn-access-log", False),
+    ("--disable-frontend-multiprocessing", False),
+    ("--enable-prompt-tokens-details", False),
+    ("--enable-force-include-usage", False),
+    ("--enable-expert-parallel", False),
+    ("--enable-chunked-prefill", False),
 )
 
 
@@ -41,29 +71,58 @@ def build_parser(release: tuple[int, int, int]) -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="Port number.")
     p.add_argument("--api-key", default=None, help="If provided, the server requires this key in the header.")
     p.add_argument("--served-model-name", nargs="+", default=None, help="The model name(s) used in the API.")
-    p.add_argument("--speculative-config", type=_json_object, default=None,
-                   help="Speculative decoding configuration (JSON).")
-    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
-                   help="Overlap CPU scheduling with GPU execution (default on).")
+    p.add_argument(
+        "--speculative-config",
+        type=_json_object,
+        default=None,
+        help="Speculative decoding configuration (JSON).",
+    )
+    p.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Overlap CPU scheduling with GPU execution (default on).",
+    )
     p.add_argument("--attention-backend", default=None, help="Attention backend to use.")
-    p.add_argument("--attention-config", type=_json_object, default=None, help="Attention configuration (JSON).")
+    p.add_argument(
+        "--attention-config", type=_json_object, default=None, help="Attention configuration (JSON)."
+    )
     p.add_argument("--reasoning-parser", default=None, help="Parser that extracts reasoning content.")
     p.add_argument("--enable-auto-tool-choice", action="store_true", help="Let the model choose tools.")
     p.add_argument("--tool-call-parser", default=None, help="Parser that extracts tool calls.")
     if release >= (0, 31, 0):
-        p.add_argument("--tool-strict-level", choices=["auto", "function", "parameter"], default=None,
-                       help="How strictly tool calls are constrained to their schema.")
-    p.add_argument("--structured-outputs-config", type=_json_object, default=None,
-                   help="Structured outputs configuration (JSON).")
+        p.add_argument(
+            "--tool-strict-level",
+            choices=["auto", "function", "parameter"],
+            default=None,
+            help="How strictly tool calls are constrained to their schema.",
+        )
+    p.add_argument(
+        "--structured-outputs-config",
+        type=_json_object,
+        default=None,
+        help="Structured outputs configuration (JSON).",
+    )
     p.add_argument("--max-model-len", type=_human_int, default=None, help="Model context length.")
     p.add_argument("--dtype", default="auto", help="Data type for model weights and activations.")
-    p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=False,
-                   help="Always use eager-mode PyTorch.")
-    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="Number of tensor parallel groups.")
+    p.add_argument(
+        "--enforce-eager",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="Always use eager-mode PyTorch.",
+    )
+    p.add_argument(
+        "--tensor-parallel-size", "-tp", type=int, default=1, help="Number of tensor parallel groups."
+    )
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="Fraction of GPU memory to use.")
     p.add_argument("--seed", type=int, default=0, help="Random seed.")
-    for json_flag in ("--compilation-config", "--hf-overrides", "--kv-transfer-config",
-                      "--override-generation-config", "--limit-mm-per-prompt"):
+    for json_flag in (
+        "--compilation-config",
+        "--hf-overrides",
+        "--kv-transfer-config",
+        "--override-generation-config",
+        "--limit-mm-per-prompt",
+    ):
         p.add_argument(json_flag, type=_json_object, default=None, help=argparse.SUPPRESS)
     for flag, takes_value in _PASSIVE:
         if takes_value:

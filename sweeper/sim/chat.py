@@ -94,8 +94,12 @@ def build(req: ChatRequest, cfg: EngineConfig, bugs: list[Bug], rng: random.Rand
         if len(tokens) > limit:
             return Completion(tokens[:limit], "length", prompt_ids)
         tokens.append(g.control(g.EOS_ID, ""))
-        call = {"id": f"chatcmpl-tool-{uuid.UUID(int=rng.getrandbits(128)).hex}", "type": "function",
-                "index": 0, "function": {"name": tool["name"], "arguments": json.dumps(args)}}
+        call = {
+            "id": f"chatcmpl-tool-{uuid.UUID(int=rng.getrandbits(128)).hex}",
+            "type": "function",
+            "index": 0,
+            "function": {"name": tool["name"], "arguments": json.dumps(args)},
+        }
         return Completion(tokens, "tool_calls", prompt_ids, tool_calls=[call])
 
     if structured:
@@ -115,16 +119,18 @@ def build(req: ChatRequest, cfg: EngineConfig, bugs: list[Bug], rng: random.Rand
     return Completion(tokens, "stop", prompt_ids)
 
 
-def _degenerate(prefix: list[Token], text: str, limit: int, rng: random.Random, prompt_ids: list[int],
-                logged: bool) -> Completion:
+def _degenerate(
+    prefix: list[Token], text: str, limit: int, rng: random.Random, prompt_ids: list[int], logged: bool
+) -> Completion:
     """Valid JSON up to the colon of the first array field, then whitespace until the limit."""
     m = _ARRAY_COLON.search(text)
     cut = m.start() + 2 if m else (text.find(": ") + 1 if ": " in text else 1)
     tokens = prefix + g.tokenize(text[:cut], Channel.CONTENT)
     tokens = tokens[:limit]
     tokens += g.whitespace(rng, limit - len(tokens), residue=not logged)
-    return Completion(tokens, "length", prompt_ids,
-                      fsm_error_token=rng.choice(FSM_ERROR_TOKENS) if logged else None)
+    return Completion(
+        tokens, "length", prompt_ids, fsm_error_token=rng.choice(FSM_ERROR_TOKENS) if logged else None
+    )
 
 
 def _tool_to_call(req: ChatRequest) -> dict[str, Any] | None:
@@ -137,5 +143,8 @@ def _tool_to_call(req: ChatRequest) -> dict[str, Any] | None:
     return functions[0]
 
 
-_OBJECT_SCHEMA: dict[str, Any] = {"type": "object", "properties": {"answer": {"type": "string"}},
-                                  "required": ["answer"]}
+_OBJECT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"answer": {"type": "string"}},
+    "required": ["answer"],
+}

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -14,8 +15,11 @@ from sweeper.sim.behaviour import Behaviour
 from sweeper.sim.logs import Logger
 from sweeper.sim.server import run
 
-app = typer.Typer(help="The vLLM simulator: a vLLM-compatible server whose bugs are declared per commit.",
-                  no_args_is_help=True, add_completion=False)
+app = typer.Typer(
+    help="The vLLM simulator: a vLLM-compatible server whose bugs are declared per commit.",
+    no_args_is_help=True,
+    add_completion=False,
+)
 
 
 def _version(value: bool) -> None:
@@ -29,13 +33,20 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                      help="Print the simulated vLLM version and exit.")) -> None:
+def main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the simulated vLLM version and exit."
+        ),
+    ] = False,
+) -> None:
     """The vLLM simulator."""
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
-                               "help_option_names": []})
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+)
 def serve(ctx: typer.Context) -> None:
     """Serve like `vllm serve MODEL [flags]` (run `serve --help` for the flags of this version)."""
     raise typer.Exit(serve_main(list(ctx.args)))
@@ -50,7 +61,9 @@ def serve_main(argv: list[str]) -> int:
         return 1
     ns = args.parse(argv, sim_tree.release)  # argparse exits 2 on an unknown flag, 0 after --help
     if not sim_tree.install_ok:
-        print(f"ModuleNotFoundError: vLLM is not installed at this commit ({sim_tree.install})", file=sys.stderr)
+        print(
+            f"ModuleNotFoundError: vLLM is not installed at this commit ({sim_tree.install})", file=sys.stderr
+        )
         return 1
     startup = config.resolve(ns, os.environ, sim_tree)
     for line in startup.lines:
@@ -60,8 +73,11 @@ def serve_main(argv: list[str]) -> int:
     if refusal is None and startup.config is not None:
         bug = Behaviour(sim_tree, startup.config).start_refusal()
         if bug is not None:
-            log.error("core.py:708", "EngineCore failed to start.", engine=True)
-            refusal, where = f"RuntimeError: {bug.message or 'Engine core initialization failed.'}", "core.py:699"
+            log.error_line("core.py:708", "EngineCore failed to start.", engine=True)
+            refusal, where = (
+                f"RuntimeError: {bug.message or 'Engine core initialization failed.'}",
+                "core.py:699",
+            )
     if refusal is not None:
         _traceback(log, where, refusal)
         return 1
@@ -70,21 +86,23 @@ def serve_main(argv: list[str]) -> int:
 
 def _traceback(log: Logger, where: str, message: str) -> None:
     file, _, line = where.partition(":")
-    log.raw("Traceback (most recent call last):\n"
-            '  File "/usr/lib/python3/site-packages/vllm/entrypoints/cli/serve.py", line 60, in cmd\n'
-            "    uvloop.run(run_server(args))\n"
-            f'  File "/usr/lib/python3/site-packages/vllm/{file}", line {line or 1}, in __init__\n'
-            f"    raise {message.partition(':')[0]}(...)\n"
-            f"{message}")
+    log.raw(
+        "Traceback (most recent call last):\n"
+        '  File "/usr/lib/python3/site-packages/vllm/entrypoints/cli/serve.py", line 60, in cmd\n'
+        "    uvloop.run(run_server(args))\n"
+        f'  File "/usr/lib/python3/site-packages/vllm/{file}", line {line or 1}, in __init__\n'
+        f"    raise {message.partition(':')[0]}(...)\n"
+        f"{message}"
+    )
 
 
 @app.command("make-repo")
 def make_repo(
-    directory: Path = typer.Argument(..., help="Where to create the repository (must not exist or be empty)."),
-    scenario: repo.Scenario = typer.Option(repo.Scenario.DEMO, help="Which history to plant."),
-    commits: int = typer.Option(240, help="Number of commits (bisect scenario)."),
-    seed: int = typer.Option(0, help="Chooses the planted positions."),
-    as_json: bool = typer.Option(False, "--json", help="Print the planted facts as JSON."),
+    directory: Annotated[Path, typer.Argument(help="Where to create the repository (absent or empty).")],
+    scenario: Annotated[repo.Scenario, typer.Option(help="Which history to plant.")] = repo.Scenario.DEMO,
+    commits: Annotated[int, typer.Option(help="Number of commits (bisect scenario).")] = 240,
+    seed: Annotated[int, typer.Option(help="Chooses the planted positions.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the planted facts as JSON.")] = False,
 ) -> None:
     """Create a git repository of simulated vLLM history with planted bugs."""
     try:
@@ -95,5 +113,7 @@ def make_repo(
     if as_json:
         typer.echo(json.dumps(plan, indent=2))
     else:
-        typer.echo(f"{directory}: {plan['commits']} commits, tags {', '.join(plan['tags'])}; "
-                   f"plan in {Path(directory) / '.git' / 'sim-plan.json'}")
+        typer.echo(
+            f"{directory}: {plan['commits']} commits, tags {', '.join(plan['tags'])}; "
+            f"plan in {Path(directory) / '.git' / 'sim-plan.json'}"
+        )

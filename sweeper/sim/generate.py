@@ -14,15 +14,79 @@ from dataclasses import dataclass
 
 THINK_END_ID = 248069
 EOS_ID = 248046
-_FIXED_IDS = {"\n\n": 271, " ": 220, "\n": 198, "\t": 197, "2": 17, "{": 90, "}": 92, ":": 25, '"': 1,
-              "</think>": THINK_END_ID, "<|im_end|>": EOS_ID}
+_FIXED_IDS = {
+    "\n\n": 271,
+    " ": 220,
+    "\n": 198,
+    "\t": 197,
+    "2": 17,
+    "{": 90,
+    "}": 92,
+    ":": 25,
+    '"': 1,
+    "</think>": THINK_END_ID,
+    "<|im_end|>": EOS_ID,
+}
 _VOCAB_BASE, _VOCAB_SIZE = 1000, 150_000
 _PIECES = re.compile(r"\s*\w+|\s*[^\w\s]|\s+")
-_TEXT_WORDS = ("the", "model", "server", "request", "token", "answer", "value", "first", "result", "check",
-               "simple", "number", "cache", "batch", "decode", "draft", "layer", "output", "input", "state",
-               "is", "a", "of", "and", "to", "in", "we", "so", "this", "that", "with", "for", "two", "step")
-_THINK_WORDS = ("let", "me", "think", "about", "the", "question", "first", "consider", "so", "then",
-                "maybe", "check", "again", "okay", "answer", "should", "be", "wait", "yes", "right")
+_TEXT_WORDS = (
+    "the",
+    "model",
+    "server",
+    "request",
+    "token",
+    "answer",
+    "value",
+    "first",
+    "result",
+    "check",
+    "simple",
+    "number",
+    "cache",
+    "batch",
+    "decode",
+    "draft",
+    "layer",
+    "output",
+    "input",
+    "state",
+    "is",
+    "a",
+    "of",
+    "and",
+    "to",
+    "in",
+    "we",
+    "so",
+    "this",
+    "that",
+    "with",
+    "for",
+    "two",
+    "step",
+)
+_THINK_WORDS = (
+    "let",
+    "me",
+    "think",
+    "about",
+    "the",
+    "question",
+    "first",
+    "consider",
+    "so",
+    "then",
+    "maybe",
+    "check",
+    "again",
+    "okay",
+    "answer",
+    "should",
+    "be",
+    "wait",
+    "yes",
+    "right",
+)
 
 
 class Channel(enum.Enum):

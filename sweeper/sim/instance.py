@@ -19,13 +19,43 @@ try:  # Python >= 3.11 keeps the regex parser here; the old name still works wit
 except ImportError:  # pragma: no cover
     import sre_parse  # type: ignore[no-redef]
 
-WORDS = ("alpha", "bravo", "delta", "sierra", "tango", "kilo", "lima", "nova", "orbit", "pixel", "quartz",
-         "river", "stone", "ember", "falcon", "maple", "cedar", "harbor", "summit", "meadow")
+WORDS = (
+    "alpha",
+    "bravo",
+    "delta",
+    "sierra",
+    "tango",
+    "kilo",
+    "lima",
+    "nova",
+    "orbit",
+    "pixel",
+    "quartz",
+    "river",
+    "stone",
+    "ember",
+    "falcon",
+    "maple",
+    "cedar",
+    "harbor",
+    "summit",
+    "meadow",
+)
 _FORMATS = {
-    "date-time": "2026-08-26T12:00:00Z", "date": "2026-08-26", "time": "12:00:00Z", "email": "dev@example.com",
-    "uri": "https://example.com/a", "uri-reference": "/a/b", "url": "https://example.com/a",
-    "uuid": "123e4567-e89b-12d3-a456-426614174000", "ipv4": "10.0.0.1", "ipv6": "::1",
-    "hostname": "example.com", "duration": "P1D", "regex": "^a+$", "json-pointer": "/a",
+    "date-time": "2026-08-26T12:00:00Z",
+    "date": "2026-08-26",
+    "time": "12:00:00Z",
+    "email": "dev@example.com",
+    "uri": "https://example.com/a",
+    "uri-reference": "/a/b",
+    "url": "https://example.com/a",
+    "uuid": "123e4567-e89b-12d3-a456-426614174000",
+    "ipv4": "10.0.0.1",
+    "ipv6": "::1",
+    "hostname": "example.com",
+    "duration": "P1D",
+    "regex": "^a+$",
+    "json-pointer": "/a",
 }
 _MAX_DEPTH = 12
 
@@ -46,7 +76,7 @@ class Generator:
             schema = self._merge_all_of(schema)
         if "const" in schema:
             return schema["const"]
-        if "enum" in schema and schema["enum"]:
+        if schema.get("enum"):
             return self.rng.choice(schema["enum"])
         if "oneOf" in schema:
             return self._one_of(schema, depth)
@@ -89,8 +119,9 @@ class Generator:
         value: Any = None
         for i in range(3 * len(options)):  # a few rounds: a draw can land in two branches at once
             option = options[(start + i) % len(options)]
-            value = self.instance(_combine(base, self._resolve(option) if isinstance(option, dict) else option),
-                                  depth + 1)
+            value = self.instance(
+                _combine(base, self._resolve(option) if isinstance(option, dict) else option), depth + 1
+            )
             # oneOf wants exactly one branch to hold; keep the first value that achieves it.
             hits = sum(1 for o in options if _valid(value, o, self.root))
             if hits == 1:
@@ -140,8 +171,11 @@ class Generator:
     def _dependencies(self, schema: dict[str, Any], out: dict[str, Any], depth: int) -> None:
         # draft-04 `dependencies` and its 2019-09 successors: a present key pulls in others.
         props: dict[str, Any] = schema.get("properties") or {}
-        deps = {**(schema.get("dependencies") or {}), **(schema.get("dependentRequired") or {}),
-                **(schema.get("dependentSchemas") or {})}
+        deps = {
+            **(schema.get("dependencies") or {}),
+            **(schema.get("dependentRequired") or {}),
+            **(schema.get("dependentSchemas") or {}),
+        }
         for trigger, dep in deps.items():
             if trigger not in out:
                 continue
@@ -153,8 +187,11 @@ class Generator:
                 continue
             dep_props: dict[str, Any] = dep.get("properties") or {}
             for name in {*dep.get("required", []), *(n for n in dep_props if n in out)}:
-                sub = _combine(props[name], dep_props[name]) if isinstance(props.get(name), dict) and \
-                    isinstance(dep_props.get(name), dict) else dep_props.get(name, props.get(name, {}))
+                sub = (
+                    _combine(props[name], dep_props[name])
+                    if isinstance(props.get(name), dict) and isinstance(dep_props.get(name), dict)
+                    else dep_props.get(name, props.get(name, {}))
+                )
                 if isinstance(sub, dict) and "anyOf" in sub and name in dep_props:
                     sub = dep_props[name]  # the dependency's narrower branch satisfies both
                 out[name] = self.instance(sub, depth + 1)
@@ -162,7 +199,9 @@ class Generator:
     def _array(self, schema: dict[str, Any], depth: int) -> list[Any]:
         lo = int(schema.get("minItems", 0))
         hi = int(schema.get("maxItems", max(lo, 3)))
-        prefix = schema.get("prefixItems") or (schema["items"] if isinstance(schema.get("items"), list) else [])
+        prefix = schema.get("prefixItems") or (
+            schema["items"] if isinstance(schema.get("items"), list) else []
+        )
         items = schema.get("items") if isinstance(schema.get("items"), dict) else {}
         if depth >= _MAX_DEPTH:
             count = lo
@@ -362,7 +401,9 @@ def _class_text(arg: list[Any]) -> str:
         elif name == "RANGE":
             parts.append(f"{re.escape(chr(value[0]))}-{re.escape(chr(value[1]))}")
         elif name == "CATEGORY":
-            parts.append({"CATEGORY_DIGIT": r"\d", "CATEGORY_WORD": r"\w", "CATEGORY_SPACE": r"\s"}.get(str(value), ""))
+            parts.append(
+                {"CATEGORY_DIGIT": r"\d", "CATEGORY_WORD": r"\w", "CATEGORY_SPACE": r"\s"}.get(str(value), "")
+            )
     return "".join(parts) or "^"
 
 

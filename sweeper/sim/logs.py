@@ -34,13 +34,13 @@ class Logger:
         prefix = f"(EngineCore_DP0 pid={self.pid}) " if line.engine else ""
         self.raw(f"{prefix}{line.level} {stamp} [{line.where}] {line.message}")
 
-    def info(self, where: str, message: str, *, engine: bool = False) -> None:
+    def info_line(self, where: str, message: str, *, engine: bool = False) -> None:
         self.emit(Line("INFO", where, message, engine))
 
-    def warning(self, where: str, message: str, *, engine: bool = False) -> None:
+    def warning_line(self, where: str, message: str, *, engine: bool = False) -> None:
         self.emit(Line("WARNING", where, message, engine))
 
-    def error(self, where: str, message: str, *, engine: bool = False) -> None:
+    def error_line(self, where: str, message: str, *, engine: bool = False) -> None:
         self.emit(Line("ERROR", where, message, engine))
 
     def uvicorn(self, message: str) -> None:

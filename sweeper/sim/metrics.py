@@ -17,8 +17,17 @@ from sweeper.sim.config import EngineConfig
 prometheus_client.disable_created_metrics()  # vLLM's exposition has no *_created series
 
 # Acceptance probability of the first draft position; later positions decay by 0.85 each.
-_FIRST_ACCEPT = {"mtp": 0.85, "eagle3": 0.8, "eagle": 0.75, "draft_model": 0.7, "dflash": 0.8,
-                 "dspark": 0.8, "ngram": 0.45, "ngram_gpu": 0.45, "suffix": 0.5}
+_FIRST_ACCEPT = {
+    "mtp": 0.85,
+    "eagle3": 0.8,
+    "eagle": 0.75,
+    "draft_model": 0.7,
+    "dflash": 0.8,
+    "dspark": 0.8,
+    "ngram": 0.45,
+    "ngram_gpu": 0.45,
+    "suffix": 0.5,
+}
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 
 
@@ -28,32 +37,63 @@ class Metrics:
         self._labels = {"model_name": cfg.served_model_names[0], "engine": "0"}
         names = list(self._labels)
         r = self.registry
-        self.prompt_tokens = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", names, registry=r)
-        self.generation_tokens = Counter("vllm:generation_tokens", "Number of generation tokens processed.",
-                                         names, registry=r)
-        self.success = Counter("vllm:request_success", "Count of successfully processed requests.",
-                               [*names, "finished_reason"], registry=r)
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                              names, buckets=_TTFT_BUCKETS, registry=r)
-        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-                             names, registry=r)
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens", "Number of prefill tokens processed.", names, registry=r
+        )
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Number of generation tokens processed.", names, registry=r
+        )
+        self.success = Counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            [*names, "finished_reason"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            names,
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            names,
+            registry=r,
+        )
         self.spec_k = cfg.num_speculative_tokens
         self.spec_p = _FIRST_ACCEPT.get(cfg.spec_method, 0.6)
         self._lock = threading.Lock()
         if self.spec_k:
-            self.drafts = Counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", names,
-                                  registry=r)
-            self.draft_tokens = Counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", names,
-                                        registry=r)
-            self.accepted = Counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
-                                    names, registry=r)
-            self.per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
-                                   "Accepted tokens per draft position.", [*names, "position"], registry=r)
+            self.drafts = Counter(
+                "vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", names, registry=r
+            )
+            self.draft_tokens = Counter(
+                "vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", names, registry=r
+            )
+            self.accepted = Counter(
+                "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", names, registry=r
+            )
+            self.per_pos = Counter(
+                "vllm:spec_decode_num_accepted_tokens_per_pos",
+                "Accepted tokens per draft position.",
+                [*names, "position"],
+                registry=r,
+            )
             for pos in range(self.spec_k):
                 self.per_pos.labels(**self._labels, position=str(pos))
 
-    def observe(self, *, prompt_tokens: int, generation_tokens: int, finish_reason: str, ttft_s: float,
-                e2e_s: float, rng: random.Random) -> None:
+    def observe(
+        self,
+        *,
+        prompt_tokens: int,
+        generation_tokens: int,
+        finish_reason: str,
+        ttft_s: float,
+        e2e_s: float,
+        rng: random.Random,
+    ) -> None:
         with self._lock:
             self.prompt_tokens.labels(**self._labels).inc(prompt_tokens)
             self.generation_tokens.labels(**self._labels).inc(generation_tokens)
@@ -68,7 +108,7 @@ class Metrics:
         produced = 0
         while produced < generated:
             accepted = 0
-            while accepted < self.spec_k and rng.random() < self.spec_p * 0.85 ** accepted:
+            while accepted < self.spec_k and rng.random() < self.spec_p * 0.85**accepted:
                 self.per_pos.labels(**self._labels, position=str(accepted)).inc()
                 accepted += 1
             self.drafts.labels(**self._labels).inc()

@@ -19,19 +19,53 @@ from typing import Any
 import yaml
 
 _START_EPOCH = 1786438800  # 2026-08-11T09:00:00Z, the v0.27.0 release
-_AUTHORS = (("Woosuk Kwon", "woosuk@example.com"), ("Cyrus Leung", "cyrus@example.com"),
-            ("Nick Hill", "nick@example.com"), ("Lucas Wilkinson", "lucas@example.com"),
-            ("Russell Bryant", "russell@example.com"), ("Simon Mo", "simon@example.com"))
-_AREAS = (("Core", "vllm/v1/core/sched", "scheduler.py"), ("Bugfix", "vllm/v1/engine", "core.py"),
-          ("Model", "vllm/model_executor/models", "qwen3.py"), ("Kernel", "vllm/attention/ops", "paged_attn.py"),
-          ("Frontend", "vllm/entrypoints/openai", "serving_chat.py"), ("Perf", "vllm/v1/worker", "gpu_input_batch.py"),
-          ("Spec Decode", "vllm/v1/spec_decode", "eagle.py"), ("CI", "tests/v1", "test_serving.py"),
-          ("Doc", "docs/features", "spec_decode.md"), ("Misc", "vllm", "envs.py"))
-_VERBS = ("Fix", "Refactor", "Speed up", "Clean up", "Add tests for", "Support", "Simplify", "Remove dead code in")
-_NOUNS = ("scheduler stall", "prefix cache eviction", "chunked prefill", "KV cache allocation", "logprobs output",
-          "sampler seeding", "CUDA graph capture", "tokenizer warmup", "LoRA loading", "metrics labels",
-          "request abort path", "detokenizer offsets", "block table copy", "rotary embedding cache")
-FSM_WHEN = {"spec_method": ["mtp"], "strict_tool_calling": [True]}
+_AUTHORS = (
+    ("Woosuk Kwon", "woosuk@example.com"),
+    ("Cyrus Leung", "cyrus@example.com"),
+    ("Nick Hill", "nick@example.com"),
+    ("Lucas Wilkinson", "lucas@example.com"),
+    ("Russell Bryant", "russell@example.com"),
+    ("Simon Mo", "simon@example.com"),
+)
+_AREAS = (
+    ("Core", "vllm/v1/core/sched", "scheduler.py"),
+    ("Bugfix", "vllm/v1/engine", "core.py"),
+    ("Model", "vllm/model_executor/models", "qwen3.py"),
+    ("Kernel", "vllm/attention/ops", "paged_attn.py"),
+    ("Frontend", "vllm/entrypoints/openai", "serving_chat.py"),
+    ("Perf", "vllm/v1/worker", "gpu_input_batch.py"),
+    ("Spec Decode", "vllm/v1/spec_decode", "eagle.py"),
+    ("CI", "tests/v1", "test_serving.py"),
+    ("Doc", "docs/features", "spec_decode.md"),
+    ("Misc", "vllm", "envs.py"),
+)
+_VERBS = (
+    "Fix",
+    "Refactor",
+    "Speed up",
+    "Clean up",
+    "Add tests for",
+    "Support",
+    "Simplify",
+    "Remove dead code in",
+)
+_NOUNS = (
+    "scheduler stall",
+    "prefix cache eviction",
+    "chunked prefill",
+    "KV cache allocation",
+    "logprobs output",
+    "sampler seeding",
+    "CUDA graph capture",
+    "tokenizer warmup",
+    "LoRA loading",
+    "metrics labels",
+    "request abort path",
+    "detokenizer offsets",
+    "block table copy",
+    "rotary embedding cache",
+)
+FSM_WHEN: dict[str, list[Any]] = {"spec_method": ["mtp"], "strict_tool_calling": [True]}
 
 
 class Scenario(str, enum.Enum):
@@ -76,8 +110,9 @@ def make(directory: Path, *, scenario: Scenario, commits: int = 240, seed: int =
     directory.mkdir(parents=True, exist_ok=True)
     _git(directory, "init", "-q", "-b", "main")
     stream = _fast_import_stream(history, rng)
-    subprocess.run(["git", "-C", str(directory), "fast-import", "--quiet"], input=stream, check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["git", "-C", str(directory), "fast-import", "--quiet"], input=stream, check=True, capture_output=True
+    )
     _git(directory, "reset", "-q", "--hard", "main")
     shas = _git(directory, "rev-list", "--first-parent", "--reverse", "main").split()
     plan = _plan(history, shas, scenario, seed)
@@ -92,11 +127,20 @@ def _demo(rng: random.Random) -> History:
     subjects[9] = "[Model Runner V2] Fused multi-step draft decode for MTP (#54120)"
     bugs = [
         BugPlan("fsm-whitespace", "fsm_whitespace", dict(FSM_WHEN), 0.33, introduced=2, fixed=5),
-        BugPlan("silent-whitespace", "silent_whitespace",
-                {"spec_method": ["mtp"], "reasoning_parser": ["qwen3"], "async_scheduling": [True]}, 0.2,
-                introduced=5),
-        BugPlan("thinking-budget-ignored", "thinking_budget_ignored",
-                {"spec_method": ["mtp"], "model_runner": ["V2"]}, 1.0, introduced=9),
+        BugPlan(
+            "silent-whitespace",
+            "silent_whitespace",
+            {"spec_method": ["mtp"], "reasoning_parser": ["qwen3"], "async_scheduling": [True]},
+            0.2,
+            introduced=5,
+        ),
+        BugPlan(
+            "thinking-budget-ignored",
+            "thinking_budget_ignored",
+            {"spec_method": ["mtp"], "model_runner": ["V2"]},
+            1.0,
+            introduced=9,
+        ),
     ]
     return History(subjects, {0: "v0.27.0", 7: "v0.28.0"}, bugs, culprit=2, fix=5, day_s=2 * 86400)
 
@@ -109,14 +153,21 @@ def _bisect(rng: random.Random, commits: int) -> History:
     while culprit in tags:
         culprit += 1
     length = max(3, commits // 40)
-    starts = [s for s in range(round(0.1 * commits), round(0.75 * commits) - length)
-              if not any(i in tags or culprit - 1 <= i <= culprit for i in range(s, s + length))]
+    starts = [
+        s
+        for s in range(round(0.1 * commits), round(0.75 * commits) - length)
+        if not any(i in tags or culprit - 1 <= i <= culprit for i in range(s, s + length))
+    ]
     start = rng.choice(starts)
     fix = round(0.9 * commits)
     subjects = [_noise(rng, 30000 + 11 * i + rng.randint(0, 9)) for i in range(commits)]
-    subjects[culprit] = f"[Spec Decode] Let MTP drafts bypass the strict tool-call grammar check (#{30000 + 11 * culprit})"
+    subjects[culprit] = (
+        f"[Spec Decode] Let MTP drafts bypass the strict tool-call grammar check (#{30000 + 11 * culprit})"
+    )
     subjects[start] = f"[Build] Bump CUTLASS to v4.3 (#{30000 + 11 * start})"
-    subjects[start + length] = f"[Build] Fix the CUTLASS bump's missing header (#{30000 + 11 * (start + length)})"
+    subjects[start + length] = (
+        f"[Build] Fix the CUTLASS bump's missing header (#{30000 + 11 * (start + length)})"
+    )
     subjects[fix] = "[Bugfix][Structured Output] Fix failed FSM advance with speculative decoding (#44297)"
     bugs = [BugPlan("mtp-strict-fsm", "fsm_whitespace", dict(FSM_WHEN), 0.3, introduced=culprit, fixed=fix)]
     return History(subjects, tags, bugs, broken=range(start, start + length), culprit=culprit, fix=fix)
@@ -140,11 +191,16 @@ def _sim_yaml(history: History, index: int) -> str:
     doc: dict[str, Any] = {
         "version": _version(history, index),
         "install": "fail: error: command '/usr/local/cuda/bin/nvcc' failed: cutlass/gemm/collective.hpp: "
-                   "No such file or directory" if index in history.broken else "ok",
+        "No such file or directory"
+        if index in history.broken
+        else "ok",
         "startup_s": 0.2,
         "token_latency_s": 0.0005,
-        "bugs": [{"id": b.id, "effect": b.effect, "when": b.when, "rate": b.rate}
-                 for b in history.bugs if b.active(index)],
+        "bugs": [
+            {"id": b.id, "effect": b.effect, "when": b.when, "rate": b.rate}
+            for b in history.bugs
+            if b.active(index)
+        ],
     }
     return yaml.safe_dump(doc, sort_keys=False)
 
@@ -165,15 +221,22 @@ def _fast_import_stream(history: History, rng: random.Random) -> bytes:
         sources.setdefault(path, [f"# SPDX-License-Identifier: Apache-2.0\n# {path}\n"])
         sources[path].append(f"# {subject}\nCHANGE_{index} = {rng.randint(0, 10**6)}\n")
         parts.append(b"commit refs/heads/main\nmark :%d\n" % (index + 1))
-        parts.append(f"author {name} <{email}> {when} +0000\ncommitter {name} <{email}> {when} +0000\n".encode())
+        parts.append(
+            f"author {name} <{email}> {when} +0000\ncommitter {name} <{email}> {when} +0000\n".encode()
+        )
         parts.append(data(f"{subject}\n\nSigned-off-by: {name} <{email}>\n"))
         if index:
             parts.append(b"from :%d\n" % index)
         parts.append(b"M 100644 inline sim.yaml\n" + data(_sim_yaml(history, index)))
         parts.append(f"M 100644 inline {path}\n".encode() + data("".join(sources[path])))
         if index == 0:
-            parts.append(b"M 100644 inline README.md\n" + data("# vLLM (simulated)\n\nA simulated vLLM source "
-                                                                 "tree: `sim.yaml` declares this commit's behaviour.\n"))
+            parts.append(
+                b"M 100644 inline README.md\n"
+                + data(
+                    "# vLLM (simulated)\n\nA simulated vLLM source "
+                    "tree: `sim.yaml` declares this commit's behaviour.\n"
+                )
+            )
         parts.append(b"\n")
         if index in history.tags:
             tag = history.tags[index]
@@ -190,15 +253,34 @@ def _plan(history: History, shas: list[str], scenario: Scenario, seed: int) -> d
 
     broken = history.broken
     return {
-        "scenario": scenario.value, "seed": seed, "commits": len(shas), "branch": "main", "head": shas[-1],
+        "scenario": scenario.value,
+        "seed": seed,
+        "commits": len(shas),
+        "branch": "main",
+        "head": shas[-1],
         "tags": {name: shas[i] for i, name in sorted(history.tags.items())},
         "tag_indices": {name: i for i, name in sorted(history.tags.items())},
         "culprit": {**(at(history.culprit) or {}), "bug": history.bugs[0].id},
         "fix": at(history.fix),
-        "install_broken": {"first": at(broken.start), "last": at(broken[-1]), "indices": list(broken),
-                           "shas": [shas[i] for i in broken]} if broken else None,
-        "bugs": [{"id": b.id, "effect": b.effect, "when": b.when, "rate": b.rate,
-                  "introduced": at(b.introduced), "fixed": at(b.fixed)} for b in history.bugs],
+        "install_broken": {
+            "first": at(broken.start),
+            "last": at(broken[-1]),
+            "indices": list(broken),
+            "shas": [shas[i] for i in broken],
+        }
+        if broken
+        else None,
+        "bugs": [
+            {
+                "id": b.id,
+                "effect": b.effect,
+                "when": b.when,
+                "rate": b.rate,
+                "introduced": at(b.introduced),
+                "fixed": at(b.fixed),
+            }
+            for b in history.bugs
+        ],
         "first_parent": shas,
     }
 

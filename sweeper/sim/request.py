@@ -38,10 +38,14 @@ class ChatRequest:
 
     def traits(self) -> dict[str, Any]:
         """The request keys a bug's `when` is matched against."""
-        return {"json_schema": self.schema is not None, "json_object": self.json_object,
-                "tools": bool(self.tools) and self.tool_choice != "none",
-                "thinking_budget": self.thinking_budget is not None, "stream": self.stream,
-                "enable_thinking": self.enable_thinking}
+        return {
+            "json_schema": self.schema is not None,
+            "json_object": self.json_object,
+            "tools": bool(self.tools) and self.tool_choice != "none",
+            "thinking_budget": self.thinking_budget is not None,
+            "stream": self.stream,
+            "enable_thinking": self.enable_thinking,
+        }
 
 
 # Fields that change how an answer is delivered, not which tokens it has.
@@ -56,7 +60,9 @@ def parse(body: Any, cfg: EngineConfig) -> ChatRequest:
         raise RequestError(f"The model `{model}` does not exist.", status=404, kind="NotFoundError")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise RequestError("messages: Field required" if messages is None else "messages: must be a non-empty list")
+        raise RequestError(
+            "messages: Field required" if messages is None else "messages: must be a non-empty list"
+        )
     texts: list[str] = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or "role" not in message:
@@ -67,8 +73,9 @@ def parse(body: Any, cfg: EngineConfig) -> ChatRequest:
         texts.append(f"<|im_start|>{message['role']}\n{content or ''}<|im_end|>\n")
 
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
-                                   or max_tokens < 1):
+    if max_tokens is not None and (
+        not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
+    ):
         raise RequestError(f"max_tokens must be at least 1, got {max_tokens}.")
     temperature = body.get("temperature", 1.0)
     if not isinstance(temperature, (int, float)) or temperature < 0:
@@ -87,8 +94,9 @@ def parse(body: Any, cfg: EngineConfig) -> ChatRequest:
     budget = body.get("thinking_token_budget")
     if budget is not None:
         if cfg.reasoning_parser == "none":
-            raise RequestError("thinking_token_budget requires a reasoning parser: start the server with "
-                               "--reasoning-parser.")
+            raise RequestError(
+                "thinking_token_budget requires a reasoning parser: start the server with --reasoning-parser."
+            )
         if not isinstance(budget, int) or budget < 0:
             raise RequestError(f"thinking_token_budget must be a non-negative integer, got {budget}.")
     kwargs = body.get("chat_template_kwargs") or {}
@@ -96,16 +104,27 @@ def parse(body: Any, cfg: EngineConfig) -> ChatRequest:
 
     prompt = "".join(texts) + "<|im_start|>assistant\n"
     if max_tokens is not None and len(prompt) // 4 + max_tokens > cfg.max_model_len:
-        raise RequestError(f"This model's maximum context length is {cfg.max_model_len} tokens. However, you "
-                           f"requested {len(prompt) // 4 + max_tokens} tokens. Please reduce the length.")
+        raise RequestError(
+            f"This model's maximum context length is {cfg.max_model_len} tokens. However, you "
+            f"requested {len(prompt) // 4 + max_tokens} tokens. Please reduce the length."
+        )
     return ChatRequest(
         canonical=json.dumps(body, sort_keys=True, separators=(",", ":")),
         generation_key=json.dumps({k: v for k, v in body.items() if k not in _TRANSPORT}, sort_keys=True),
         prompt_text=prompt,
-        max_tokens=max_tokens, temperature=float(temperature), seed=seed, stream=stream,
-        include_usage=bool(stream_options.get("include_usage", False)), schema=schema, json_object=json_object,
-        tools=tools, tool_choice=tool_choice, thinking_budget=budget, enable_thinking=enable_thinking,
-        return_token_ids=bool(body.get("return_token_ids", False)))
+        max_tokens=max_tokens,
+        temperature=float(temperature),
+        seed=seed,
+        stream=stream,
+        include_usage=bool(stream_options.get("include_usage", False)),
+        schema=schema,
+        json_object=json_object,
+        tools=tools,
+        tool_choice=tool_choice,
+        thinking_budget=budget,
+        enable_thinking=enable_thinking,
+        return_token_ids=bool(body.get("return_token_ids", False)),
+    )
 
 
 def _response_format(fmt: Any) -> tuple[Any, bool]:
@@ -129,8 +148,11 @@ def _tools(body: dict[str, Any], cfg: EngineConfig) -> tuple[tuple[dict[str, Any
     if not isinstance(tools, list):
         raise RequestError("tools: Input should be a valid list")
     for i, tool in enumerate(tools):
-        if not isinstance(tool, dict) or not isinstance(tool.get("function"), dict) \
-                or "name" not in tool["function"]:
+        if (
+            not isinstance(tool, dict)
+            or not isinstance(tool.get("function"), dict)
+            or "name" not in tool["function"]
+        ):
             raise RequestError(f"tools.{i}.function.name: Field required")
     choice = body.get("tool_choice", "auto" if tools else "none")
     if isinstance(choice, dict):
@@ -138,15 +160,17 @@ def _tools(body: dict[str, Any], cfg: EngineConfig) -> tuple[tuple[dict[str, Any
         if not tools:
             raise RequestError("When using `tool_choice`, `tools` must be set.")
         if name not in {t["function"]["name"] for t in tools}:
-            raise RequestError(f"The tool specified in `tool_choice` does not match any of the specified "
-                               f"`tools`: {name}")
+            raise RequestError(
+                f"The tool specified in `tool_choice` does not match any of the specified `tools`: {name}"
+            )
     elif choice == "required":
         if not tools:
             raise RequestError("When using `tool_choice`, `tools` must be set.")
     elif choice == "auto":
         if tools and not cfg.auto_tool_choice:
-            raise RequestError('"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
-                               "to be set")
+            raise RequestError(
+                '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+            )
     elif choice != "none":
         raise RequestError(f"tool_choice: invalid value {choice!r}")
     return tuple(tools), choice

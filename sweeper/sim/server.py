@@ -51,12 +51,12 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "uvicorn"
     sys_version = ""
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:
         pass  # access lines are written in uvicorn's format by _access()
 
     # --- routing -----------------------------------------------------------------------------
 
-    def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+    def do_GET(self) -> None:
         engine = self.server.engine
         path = self.path.split("?", 1)[0]
         if path == "/health":
@@ -67,14 +67,28 @@ class Handler(BaseHTTPRequestHandler):
             self._json(200, {"version": engine.tree.version})
         elif path == "/v1/models":
             if self._authorized():
-                self._json(200, {"object": "list", "data": [
-                    {"id": name, "object": "model", "created": engine.created, "owned_by": "vllm",
-                     "root": engine.cfg.model, "parent": None, "max_model_len": engine.cfg.max_model_len}
-                    for name in engine.cfg.served_model_names]})
+                self._json(
+                    200,
+                    {
+                        "object": "list",
+                        "data": [
+                            {
+                                "id": name,
+                                "object": "model",
+                                "created": engine.created,
+                                "owned_by": "vllm",
+                                "root": engine.cfg.model,
+                                "parent": None,
+                                "max_model_len": engine.cfg.max_model_len,
+                            }
+                            for name in engine.cfg.served_model_names
+                        ],
+                    },
+                )
         else:
             self._json(404, {"detail": "Not Found"})
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         path = self.path.split("?", 1)[0]
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
@@ -104,11 +118,11 @@ class Handler(BaseHTTPRequestHandler):
                 raise RequestError(f"JSON decode error: {exc.msg}") from exc
             req = parse(body, engine.cfg)
         except RequestError as exc:
-            engine.log.error("serving_chat.py:253", f"Error with request {rid}: {exc.message}")
+            engine.log.error_line("serving_chat.py:253", f"Error with request {rid}: {exc.message}")
             self._json(exc.status, exc.body())
             return
         n, bugs = engine.behaviour.bites(req.canonical, req.traits())
-        engine.log.info("async_llm.py:351", f"Added request {rid}.")
+        engine.log.info_line("async_llm.py:351", f"Added request {rid}.")
         effects = {b.effect for b in bugs}
         if Effect.CRASH in effects:
             self._crash(rid)
@@ -121,21 +135,29 @@ class Handler(BaseHTTPRequestHandler):
         rng = chat.rng_for(req, n, engine.cfg.seed)
         completion = chat.build(req, engine.cfg, bugs, rng)
         if completion.fsm_error_token is not None:
-            engine.log.error("backend_xgrammar.py:167", f"Failed to advance FSM for request {rid} for tokens "
-                                                        f"{completion.fsm_error_token}. Please file an issue.")
+            engine.log.error_line(
+                "backend_xgrammar.py:167",
+                f"Failed to advance FSM for request {rid} for tokens "
+                f"{completion.fsm_error_token}. Please file an issue.",
+            )
         if req.stream:
             try:
                 ttft = self._stream(rid, req, completion, start)
             except (BrokenPipeError, ConnectionResetError):
-                engine.log.info("async_llm.py:410", f"Aborted request {rid}.")
+                engine.log.info_line("async_llm.py:410", f"Aborted request {rid}.")
                 self.close_connection = True
                 return
         else:
             ttft = self._pace(len(completion.tokens), start)
             self._json(200, self._response(rid, req, completion))
-        engine.metrics.observe(prompt_tokens=len(completion.prompt_token_ids),
-                               generation_tokens=len(completion.tokens), finish_reason=completion.finish_reason,
-                               ttft_s=ttft, e2e_s=time.monotonic() - start, rng=rng)
+        engine.metrics.observe(
+            prompt_tokens=len(completion.prompt_token_ids),
+            generation_tokens=len(completion.tokens),
+            finish_reason=completion.finish_reason,
+            ttft_s=ttft,
+            e2e_s=time.monotonic() - start,
+            rng=rng,
+        )
 
     def _pace(self, count: int, start: float) -> float:
         latency = self.server.engine.tree.token_latency_s
@@ -146,25 +168,46 @@ class Handler(BaseHTTPRequestHandler):
 
     def _response(self, rid: str, req: ChatRequest, c: chat.Completion) -> dict[str, Any]:
         cfg = self.server.engine.cfg
-        message: dict[str, Any] = {"role": "assistant", "content": c.content,
-                                   "reasoning": c.text(Channel.REASONING) or None, "tool_calls": c.tool_calls}
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": c.content,
+            "reasoning": c.text(Channel.REASONING) or None,
+            "tool_calls": c.tool_calls,
+        }
         if cfg.release < (0, 26, 0):
             message["reasoning_content"] = message["reasoning"]
-        choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
-                                  "finish_reason": c.finish_reason, "stop_reason": None}
-        out: dict[str, Any] = {"id": rid, "object": "chat.completion", "created": int(time.time()),
-                               "model": cfg.served_model_names[0], "choices": [choice],
-                               "usage": self._usage(c)}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": c.finish_reason,
+            "stop_reason": None,
+        }
+        out: dict[str, Any] = {
+            "id": rid,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": cfg.served_model_names[0],
+            "choices": [choice],
+            "usage": self._usage(c),
+        }
         if req.return_token_ids:
             choice["token_ids"] = [t.id for t in c.tokens]
             out["prompt_token_ids"] = c.prompt_token_ids
         return out
 
     def _usage(self, c: chat.Completion) -> dict[str, Any]:
-        details = ({"reasoning_tokens": c.reasoning_tokens}
-                   if self.server.engine.cfg.reasoning_parser != "none" else None)
-        return {"prompt_tokens": len(c.prompt_token_ids), "completion_tokens": len(c.tokens),
-                "total_tokens": len(c.prompt_token_ids) + len(c.tokens), "completion_tokens_details": details}
+        details = (
+            {"reasoning_tokens": c.reasoning_tokens}
+            if self.server.engine.cfg.reasoning_parser != "none"
+            else None
+        )
+        return {
+            "prompt_tokens": len(c.prompt_token_ids),
+            "completion_tokens": len(c.tokens),
+            "total_tokens": len(c.prompt_token_ids) + len(c.tokens),
+            "completion_tokens_details": details,
+        }
 
     def _stream(self, rid: str, req: ChatRequest, c: chat.Completion, start: float) -> float:
         engine = self.server.engine
@@ -175,12 +218,26 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self._access(200)
 
-        def chunk(delta: dict[str, Any] | None, finish: str | None = None, token_ids: list[int] | None = None,
-                  usage: dict[str, Any] | None = None) -> None:
-            body: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created,
-                                    "model": model, "choices": []}
+        def chunk(
+            delta: dict[str, Any] | None,
+            finish: str | None = None,
+            token_ids: list[int] | None = None,
+            usage: dict[str, Any] | None = None,
+        ) -> None:
+            body: dict[str, Any] = {
+                "id": rid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [],
+            }
             if delta is not None:
-                choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                choice: dict[str, Any] = {
+                    "index": 0,
+                    "delta": delta,
+                    "logprobs": None,
+                    "finish_reason": finish,
+                }
                 if req.return_token_ids and token_ids is not None:
                     choice["token_ids"] = token_ids
                 body["choices"].append(choice)
@@ -209,18 +266,28 @@ class Handler(BaseHTTPRequestHandler):
 
     def _crash(self, rid: str) -> None:
         log = self.server.engine.log
-        log.error("core.py:710", "EngineCore encountered a fatal error.", engine=True)
-        log.raw("Traceback (most recent call last):\n"
-                '  File "/usr/lib/python3/site-packages/vllm/v1/engine/core.py", line 701, in run_engine_core\n'
-                "    engine_core.run_busy_loop()\n"
-                '  File "/usr/lib/python3/site-packages/vllm/v1/worker/gpu_model_runner.py", line 2480, in '
-                "execute_model\n"
-                "    torch.cuda.synchronize()\n"
-                "RuntimeError: CUDA error: an illegal memory access was encountered")
-        log.error("async_llm.py:480", f"AsyncLLM output_handler failed while processing request {rid}.")
-        log.error("core_client.py:564", "Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.")
-        self._json(500, RequestError("EngineCore encountered an issue. See stack trace (above) for the root "
-                                     "cause.", status=500, kind="InternalServerError").body())
+        log.error_line("core.py:710", "EngineCore encountered a fatal error.", engine=True)
+        log.raw(
+            "Traceback (most recent call last):\n"
+            '  File "/usr/lib/python3/site-packages/vllm/v1/engine/core.py", line 701, in run_engine_core\n'
+            "    engine_core.run_busy_loop()\n"
+            '  File "/usr/lib/python3/site-packages/vllm/v1/worker/gpu_model_runner.py", line 2480, in '
+            "execute_model\n"
+            "    torch.cuda.synchronize()\n"
+            "RuntimeError: CUDA error: an illegal memory access was encountered"
+        )
+        log.error_line("async_llm.py:480", f"AsyncLLM output_handler failed while processing request {rid}.")
+        log.error_line(
+            "core_client.py:564", "Engine core proc EngineCore_DP0 died unexpectedly, shutting down client."
+        )
+        self._json(
+            500,
+            RequestError(
+                "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+                status=500,
+                kind="InternalServerError",
+            ).body(),
+        )
         # Exit after the reply is on the wire, as the API server does once its engine is dead.
         threading.Timer(0.05, os._exit, args=(1,)).start()
 
@@ -260,24 +327,34 @@ def run(startup: Startup, tree: Tree, log: Logger) -> int:
     signal.signal(signal.SIGINT, stop)
     # Like vLLM, nothing listens until the engine is ready: /health is refused during start-up.
     if engine.stopping.wait(tree.startup_s):
-        log.info("launcher.py:80", "Shutting down before start-up completed.")
+        log.info_line("launcher.py:80", "Shutting down before start-up completed.")
         return 0
-    log.info("core.py:250", f"init engine (profile, create kv cache, warmup model) took {tree.startup_s:.2f} "
-                            "seconds", engine=True)
+    log.info_line(
+        "core.py:250",
+        f"init engine (profile, create kv cache, warmup model) took {tree.startup_s:.2f} seconds",
+        engine=True,
+    )
     try:
         httpd = SimHTTPServer((cfg.host, cfg.port), Handler)
     except OSError as exc:
         log.raw(f"OSError: [Errno {exc.errno}] {exc.strerror}")
         return 1
     httpd.engine = engine
-    log.info("api_server.py:1971", f"Starting vLLM API server 0 on http://{cfg.host}:{httpd.server_port}")
+    log.info_line(
+        "api_server.py:1971", f"Starting vLLM API server 0 on http://{cfg.host}:{httpd.server_port}"
+    )
     for route in _ROUTES:
         method = "POST" if route.endswith("completions") else "GET"
-        log.info("launcher.py:46", f"Route: {route}, Methods: {method}")
+        log.info_line("launcher.py:46", f"Route: {route}, Methods: {method}")
     log.uvicorn(f"Started server process [{os.getpid()}]")
     log.uvicorn("Waiting for application startup.")
     log.uvicorn("Application startup complete.")
-    threading.Thread(target=lambda: (engine.stopping.wait(), httpd.shutdown()), daemon=True).start()
+
+    def shutdown_on_stop() -> None:
+        engine.stopping.wait()
+        httpd.shutdown()
+
+    threading.Thread(target=shutdown_on_stop, daemon=True).start()
     httpd.serve_forever(poll_interval=0.1)
     httpd.server_close()
     log.uvicorn("Shutting down")

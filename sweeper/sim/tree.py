@@ -46,12 +46,25 @@ import yaml
 LATEST_VERSION = "0.33.1"
 TREE_ENV = "SWEEP_SIM_TREE"
 
-SERVER_KEYS = frozenset({
-    "spec_method", "num_speculative_tokens", "async_scheduling", "attention_backend", "model_runner",
-    "strict_tool_calling", "reasoning_parser", "tool_call_parser", "structured_outputs_backend",
-    "tensor_parallel_size", "dtype", "enforce_eager",
-})
-REQUEST_KEYS = frozenset({"json_schema", "json_object", "tools", "thinking_budget", "stream", "enable_thinking"})
+SERVER_KEYS = frozenset(
+    {
+        "spec_method",
+        "num_speculative_tokens",
+        "async_scheduling",
+        "attention_backend",
+        "model_runner",
+        "strict_tool_calling",
+        "reasoning_parser",
+        "tool_call_parser",
+        "structured_outputs_backend",
+        "tensor_parallel_size",
+        "dtype",
+        "enforce_eager",
+    }
+)
+REQUEST_KEYS = frozenset(
+    {"json_schema", "json_object", "tools", "thinking_budget", "stream", "enable_thinking"}
+)
 _TOP_KEYS = frozenset({"version", "install", "startup_s", "token_latency_s", "bugs"})
 _BUG_KEYS = frozenset({"id", "effect", "when", "rate", "after_requests", "message"})
 
@@ -147,8 +160,14 @@ def parse(raw: Any, *, source: str = "<sim.yaml>") -> Tree:
     if not isinstance(bugs_raw, list):
         raise TreeError(f"{source}: bugs: expected a list")
     bugs = tuple(_parse_bug(b, source, i) for i, b in enumerate(bugs_raw))
-    return Tree(version=version, install=install, startup_s=_number(raw, "startup_s", source),
-                token_latency_s=_number(raw, "token_latency_s", source), bugs=bugs, source=source)
+    return Tree(
+        version=version,
+        install=install,
+        startup_s=_number(raw, "startup_s", source),
+        token_latency_s=_number(raw, "token_latency_s", source),
+        bugs=bugs,
+        source=source,
+    )
 
 
 def _parse_bug(raw: Any, source: str, index: int) -> Bug:
@@ -169,8 +188,14 @@ def _parse_bug(raw: Any, source: str, index: int) -> Bug:
     rate = float(raw.get("rate", 1.0))
     if not 0.0 <= rate <= 1.0:
         raise TreeError(f"{source}: {where}.rate: must be within [0, 1], got {rate}")
-    return Bug(id=str(raw.get("id", effect.value)), effect=effect, when=when, rate=rate,
-               after_requests=int(raw.get("after_requests", 0)), message=str(raw.get("message", "")))
+    return Bug(
+        id=str(raw.get("id", effect.value)),
+        effect=effect,
+        when=when,
+        rate=rate,
+        after_requests=int(raw.get("after_requests", 0)),
+        message=str(raw.get("message", "")),
+    )
 
 
 def _number(raw: dict[str, Any], key: str, source: str) -> float:
@@ -183,8 +208,10 @@ def _number(raw: dict[str, Any], key: str, source: str) -> float:
 def _reject_unknown(raw: dict[str, Any], known: frozenset[str], source: str, prefix: str) -> None:
     unknown = sorted(set(raw) - known)
     if unknown:
-        raise TreeError(f"{source}: unknown keys {', '.join(prefix + k for k in unknown)}; "
-                        f"expected: {', '.join(sorted(known))}")
+        raise TreeError(
+            f"{source}: unknown keys {', '.join(prefix + k for k in unknown)}; "
+            f"expected: {', '.join(sorted(known))}"
+        )
 
 
 def _head_sha(directory: Path) -> str | None:
@@ -192,8 +219,13 @@ def _head_sha(directory: Path) -> str | None:
     if not (directory / ".git").exists():
         return None
     try:
-        out = subprocess.run(["git", "-C", str(directory), "rev-parse", "--short=9", "HEAD"],
-                             capture_output=True, text=True, timeout=10, check=False)
+        out = subprocess.run(
+            ["git", "-C", str(directory), "rev-parse", "--short=9", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() or None
