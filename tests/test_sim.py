@@ -655,3 +655,20 @@ def test_make_repo_refuses_a_non_empty_directory(tmp_path: Path) -> None:
     (tmp_path / "x" / "f").write_text("")
     out = run_sim(["make-repo", str(tmp_path / "x")], tmp_path)
     assert out.returncode == 1 and "not empty" in out.stderr
+
+
+def test_concurrent_requests_are_served_in_parallel(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    ask = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20, "temperature": 0}
+    with sim_server(tmp_path, sim_yaml={**FAST, "token_latency_s": 0.01}) as sim:
+        limits = httpx.Limits(max_connections=32)
+        with httpx.Client(base_url=sim.url, limits=limits, timeout=10) as client:
+            start = time.monotonic()
+            with ThreadPoolExecutor(32) as pool:
+                codes = list(
+                    pool.map(lambda _: client.post("/v1/chat/completions", json=ask).status_code, range(32))
+                )
+            elapsed = time.monotonic() - start
+    assert codes == [200] * 32
+    assert elapsed < 3.0  # one after another would take 32 x 20 x 10 ms = 6.4 s
