@@ -66,6 +66,9 @@ class Installed:
     root: str | None = None  # this environment's cache folder (flag and fingerprint caches live here)
     kind: str = "sim"
 
+    def __hash__(self) -> int:
+        return hash((self.commit, self.sha, self.launch, tuple(sorted(self.env.items())), self.root))
+
 
 @dataclass(frozen=True)
 class EnvInfo:
@@ -339,7 +342,7 @@ def with_launch(installed: Installed, launch: Sequence[str] | None) -> Installed
 
 def query_version(python: str) -> str | None:
     try:
-        out = subprocess.run([python, "-c", _VERSION_PROBE], capture_output=True, text=True, timeout=60)
+        out = subprocess.run([python, "-c", _VERSION_PROBE], capture_output=True, text=True, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
@@ -529,7 +532,7 @@ def _clone(url: str, cache: Path) -> Path:
     with filelock.FileLock(str(_lock_path(cache, dest.name)), timeout=INSTALL_TIMEOUT_S):
         if not dest.exists():
             dest.parent.mkdir(parents=True, exist_ok=True)
-            proc = subprocess.run(["git", "clone", "--bare", url, str(dest)], capture_output=True, text=True)
+            proc = subprocess.run(["git", "clone", "--bare", url, str(dest)], capture_output=True, text=True, check=False)
             if proc.returncode != 0:
                 raise InstallError(f"git clone {url} failed: {_tail(proc.stderr)}")
         else:

@@ -110,12 +110,7 @@ def _write_weights(path: Path, vocab: int, seed: int) -> None:
 def _corpus(seed: int, n: int = 3000) -> list[str]:
     """Chat-ish English, JSON objects and numbers: what the suites send and the grammars allow."""
     rng = random.Random(seed)
-    words = ("the a of to and in is it you that he was for on are with as his they be at one have this from "
-             "or had by word but what some we can out other were all there when up use your how said an each "
-             "she which do their time if will way about many then them write would like so these her long make "
-             "thing see him two has look more day could go come did number sound no most people my over know "
-             "water than call first who may down side been now find name city answer yes true false null "
-             "weather tool function arguments think reason step json schema object array string").split()
+    words = ["the", "a", "of", "to", "and", "in", "is", "it", "you", "that", "he", "was", "for", "on", "are", "with", "as", "his", "they", "be", "at", "one", "have", "this", "from", "or", "had", "by", "word", "but", "what", "some", "we", "can", "out", "other", "were", "all", "there", "when", "up", "use", "your", "how", "said", "an", "each", "she", "which", "do", "their", "time", "if", "will", "way", "about", "many", "then", "them", "write", "would", "like", "so", "these", "her", "long", "make", "thing", "see", "him", "two", "has", "look", "more", "day", "could", "go", "come", "did", "number", "sound", "no", "most", "people", "my", "over", "know", "water", "than", "call", "first", "who", "may", "down", "side", "been", "now", "find", "name", "city", "answer", "yes", "true", "false", "null", "weather", "tool", "function", "arguments", "think", "reason", "step", "json", "schema", "object", "array", "string"]
     lines = []
     for _ in range(n):
         kind = rng.random()

@@ -7,12 +7,13 @@ from sweeper.vllm.logs import (
     effective_config,
     error_lines,
     failure_reason,
+    is_error_line,
     non_default_args,
     request_log_lines,
     requested_config,
 )
 
 __all__ = [
-    "EffectiveConfig", "FlagSet", "Launch", "diff", "effective_config", "error_lines", "failure_reason",
+    "EffectiveConfig", "FlagSet", "Launch", "diff", "effective_config", "error_lines", "failure_reason", "is_error_line",
     "non_default_args", "parse_help", "request_log_lines", "requested_config", "serve_command", "supported_flags",
 ]

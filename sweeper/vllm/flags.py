@@ -65,7 +65,7 @@ class Launch:
 
 _USAGE_OPT = re.compile(r"\[(--[A-Za-z0-9][\w.-]*)(?:[ =](\{[^}]*\})?[^\]|]*)?(?:\s*\|\s*(--[\w.-]+))?")
 _BODY_OPT = re.compile(r"^\s{1,8}(-{1,2}[A-Za-z0-9][\w.-]*(?:[ =][^,\s]+)?(?:,\s*-{1,2}[A-Za-z0-9][\w.-]*"
-                       r"(?:[ =][^,\s]+)?)*)", re.M)
+                       r"(?:[ =][^,\s]+)?)*)", re.MULTILINE)
 # Choices followed by "or name registered in --x-plugin" are open-ended: not recorded.
 _CHOICES = re.compile(r"(--[\w.-]+)[ =]\{([^}]*)\}(?! or )")
 
@@ -120,7 +120,7 @@ def supported_flags(installed: Installed, *, timeout: float = HELP_TIMEOUT_S, re
 def _help_text(argv: list[str], env: Mapping[str, str], timeout: float) -> str:
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, env=dict(env), timeout=timeout,
-                              stdin=subprocess.DEVNULL)
+                              stdin=subprocess.DEVNULL, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ConfigError(f"could not run `{' '.join(argv)}`: {exc}") from exc
     return proc.stdout + "\n" + proc.stderr

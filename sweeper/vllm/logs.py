@@ -68,6 +68,10 @@ class EffectiveConfig:
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
+    @property
+    def structured_backend(self) -> str | None:
+        return self.structured_outputs_backend
+
 
 def parse_line(line: str) -> dict[str, str] | None:
     m = LINE.match(line.rstrip("\n"))
@@ -196,10 +200,22 @@ def _id_pattern(request_id: str) -> re.Pattern[str]:
     return re.compile(rf"(?<![\w-])(?:chatcmpl-|cmpl-)?{rid}(?:-[0-9a-f]{{8}})?(?![\w-])")
 
 
-def request_log_lines(log_lines: Iterable[str], request_id: str) -> list[str]:
-    """The log lines that name this request (the X-Request-Id sent, with or without `chatcmpl-`)."""
-    rx = _id_pattern(request_id)
-    return [line.rstrip("\n") for line in log_lines if rx.search(line)]
+def request_log_lines(log_lines: Iterable[str], request_id: str,
+                      response: Mapping[str, Any] | None = None) -> list[str]:
+    """The log lines that name this request: the X-Request-Id sent (vLLM answers with id
+    `chatcmpl-<X-Request-Id>` and names the engine request `chatcmpl-<X-Request-Id>-<8 hex>`), or the
+    response's own id when the server chose another one."""
+    rxs = [_id_pattern(request_id)]
+    rid = (response or {}).get("id")
+    if isinstance(rid, str) and rid and rid.removeprefix("chatcmpl-").removeprefix("cmpl-") != \
+            request_id.removeprefix("chatcmpl-").removeprefix("cmpl-"):
+        rxs.append(_id_pattern(rid))
+    return [line.rstrip("\n") for line in log_lines if any(rx.search(line) for rx in rxs)]
+
+
+def is_error_line(line: str) -> bool:
+    parsed = parse_line(line)
+    return bool(parsed and parsed["level"] in ("ERROR", "CRITICAL"))
 
 
 def error_lines(log_lines: Iterable[str], request_id: str | None = None) -> list[str]:
@@ -207,8 +223,7 @@ def error_lines(log_lines: Iterable[str], request_id: str | None = None) -> list
     rx = _id_pattern(request_id) if request_id else None
     out = []
     for line in log_lines:
-        parsed = parse_line(line)
-        if parsed and parsed["level"] in ("ERROR", "CRITICAL") and (rx is None or rx.search(line)):
+        if is_error_line(line) and (rx is None or rx.search(line)):
             out.append(line.rstrip("\n"))
     return out
 
