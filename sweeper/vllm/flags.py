@@ -220,7 +220,8 @@ def _render(flag: str, value: Any, have: FlagSet | None, cell: Cell,
             return out
     since = INTRODUCED.get(base)
     need = f"needs vLLM >= {since}" if since else "is not offered"
-    raise ConfigError(f"{flag} {need}; commit {cell.commit} has vLLM {installed.version or '(unknown version)'}",
+    version = have.version or installed.version or "(unknown version)"
+    raise ConfigError(f"{flag} {need}; commit {cell.commit} has vLLM {version}",
                       key=f"cell {cell.cell_id}")
 
 
