@@ -28,8 +28,8 @@ app.add_typer(suite_app, name="suite")
 app.add_typer(cache_app, name="cache")
 app.add_typer(model_app, name="model")
 
-out = Console()
-err = Console(stderr=True)
+out = Console(soft_wrap=False)
+err = Console(stderr=True, soft_wrap=True)
 
 RunsDir = Annotated[Path, typer.Option("--runs-dir", help="Folder holding the runs.")]
 
@@ -177,22 +177,54 @@ def model_tiny(directory: Annotated[Path, typer.Argument(help="Folder to write t
     out.print(f"tiny model: {path}")
 
 
-def _mount_optional() -> None:
-    from sweeper.bisect_cli import bisect_cmd
+@app.command("bisect")
+def bisect_cmd(
+    good: Annotated[str, typer.Option("--good", help="A commit that passes (v0.27 means the v0.27.0 tag).")],
+    bad: Annotated[str, typer.Option("--bad", help="A later commit that fails (main, a tag, a sha).")],
+    matrix: Annotated[Path, typer.Option("--matrix", help="Matrix file whose settings the probes use.")],
+    where: Annotated[Optional[list[str]], typer.Option("--where", help="AXIS=VALUE picking one cell of the matrix (repeatable).")] = None,
+    repo: Annotated[Optional[str], typer.Option(help="The vLLM repository (path or URL); default: the matrix's install.repo.")] = None,
+    parallel: Annotated[Optional[int], typer.Option(help="Probes per round (default: the free GPU slots of the cluster).")] = None,
+    confidence: Annotated[float, typer.Option(help="Stop when the top candidate has this posterior probability.")] = 0.99,
+    max_samples: Annotated[Optional[int], typer.Option(help="Give up (undecided) after this many requests in all.")] = None,
+    widen: Annotated[bool, typer.Option("--widen", help="If the good endpoint fails, move it back (doubling the distance) until it passes.")] = False,
+    runs_dir: RunsDir = Path("runs"),
+    run_id: Annotated[Optional[str], typer.Option(help="Name of the new bisect run.")] = None,
+    resume: Annotated[Optional[str], typer.Option(help="Continue this bisect run.")] = None,
+    address: Annotated[Optional[str], typer.Option(help="Ray cluster address (default: a local cluster).")] = None,
+    gpus: Annotated[Optional[float], typer.Option(help="Logical GPU slots of the local cluster for simulator runs.")] = None,
+    cache_dir: Annotated[Optional[Path], typer.Option(help="Per-commit environment cache.")] = None,
+) -> None:
+    """Find the first commit where a cell starts failing, even when only some requests fail.
+
+    Example: sweep bisect --good v0.27 --bad main --matrix matrices/demo.yaml --where spec_method=mtp --where num_speculative_tokens=4 --where env.VLLM_USE_V2_MODEL_RUNNER=0
+    """
+    from sweeper import bisect_run
+
+    outcome = bisect_run.run_bisect(matrix_path=matrix, good=good, bad=bad, where=where or [], repo=repo,
+                                    parallel=parallel, confidence=confidence, max_samples=max_samples,
+                                    runs_dir=runs_dir, run_id=run_id, resume=resume, address=address, gpus=gpus,
+                                    cache_dir=cache_dir, widen=widen,
+                                    on_event=lambda line: err.print(line, markup=False, highlight=False))
+    out.print(bisect_run.render(outcome.summary), markup=False, highlight=False)
+    out.print(f"results: {outcome.run.root}")
+
+
+def _mount_sim() -> None:
     from sweeper.sim.cli import app as sim_app
 
     app.add_typer(sim_app, name="sim", help="The vLLM simulator (tests and demos).\n\nExample: sweep sim make-repo /tmp/vllm-sim")
-    app.command("bisect")(bisect_cmd)
 
 
-_mount_optional()
+_mount_sim()
 
 
 def main() -> None:
     try:
         app(standalone_mode=False)
     except SweepError as exc:
-        err.print(f"error: {exc}", markup=False, highlight=False)
+        # Plain write: one line, never wrapped, whatever the terminal width.
+        sys.stderr.write(f"error: {exc}\n")
         sys.exit(1)
     except KeyboardInterrupt:
         err.print("interrupted", markup=False)

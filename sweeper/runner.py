@@ -177,7 +177,7 @@ class _CellBase:
     def common(self, cell: Cell) -> dict[str, Any]:
         return {
             "run_id": self.job.run_id, "group_id": self.job.group.group_id, "cell_id": cell.cell_id,
-            "server_key": cell.server_key, "commit": cell.commit, "commit_sha": self.job.sha,
+            "server_key": cell.server_key, "settings_key": cell.settings_key, "commit": cell.commit, "commit_sha": self.job.sha,
             "spec_method": cell.spec_method, "num_speculative_tokens": cell.num_speculative_tokens,
             "async_scheduling": cell.async_scheduling, "attention_backend": cell.attention_backend,
             "axes": [(k, canonical(v)) for k, v in cell.values.items()],

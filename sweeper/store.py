@@ -28,6 +28,7 @@ SCHEMA_VERSION = 1
 _META = {b"schema_version": str(SCHEMA_VERSION).encode(), b"producer": f"sweeper {__version__}".encode()}
 
 _AXES = [
+    pa.field("settings_key", pa.string()),
     pa.field("commit", pa.string()),
     pa.field("commit_sha", pa.string()),
     pa.field("spec_method", pa.string()),

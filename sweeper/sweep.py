@@ -154,6 +154,8 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: Path, run_id: str | None = 
         run = open_run(runs_dir, run_id or new_run_id(plan.matrix.name), create=True)
         run.write_manifest(manifest(plan, run.run_id))
     run.logs.mkdir(parents=True, exist_ok=True)
+    # Servers left running by an interrupted earlier attempt of this run are stopped first.
+    kill_leftovers(run.logs)
     done = run.done_groups()
     jobs = [j for j in jobs_for(plan, run, cache_dir) if j.group.group_id not in done]
     outcome = RunOutcome(run, plan, skipped=sorted(done))
@@ -161,10 +163,8 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: Path, run_id: str | None = 
         on_plan(plan, len(jobs))
     if not jobs:
         return outcome
-    is_sim = plan.matrix.spec.install.kind == "sim"
-    logical = (gpus if gpus is not None else DEFAULT_LOGICAL_GPUS) if is_sim else gpus
     try:
-        with Cluster(address, logical_gpus=logical) as cluster:
+        with Cluster(address, logical_gpus=sweep_gpus(plan.matrix, gpus)) as cluster:
             cluster.preflight(plan.matrix.spec.gpus_per_cell)
             for job, result in cluster.run(jobs):
                 run.write_group(result.group_id, result.samples, result.cells)
@@ -174,6 +174,13 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: Path, run_id: str | None = 
     finally:
         kill_leftovers(run.logs)
     return outcome
+
+
+def sweep_gpus(matrix: Matrix, gpus: float | None) -> float | None:
+    """Logical GPU slots for a local cluster: declared for the simulator, never for real vLLM."""
+    if matrix.spec.install.kind == "sim":
+        return gpus if gpus is not None else DEFAULT_LOGICAL_GPUS
+    return gpus
 
 
 def plan_text(plan: Plan) -> list[tuple[str, list[str]]]:

@@ -1,0 +1,100 @@
+"""Shared fixtures: one real local Ray for the session, git repositories of simulated vLLM commits."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+os.environ.pop("RAY_ADDRESS", None)
+
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+FAST = {"startup_s": 0.1, "token_latency_s": 0.0002}
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
+                          env={**os.environ, **GIT_ENV}).stdout.strip()
+
+
+def make_sim_repo(repo: Path, commits: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, str]:
+    """A simulated vLLM history: one commit per (tag, sim.yaml content); returns tag -> sha."""
+    repo.mkdir(parents=True, exist_ok=True)
+    git(repo, "init", "-q", "-b", "main")
+    shas = {}
+    for i, (tag, sim) in enumerate(commits):
+        (repo / "sim.yaml").write_text(yaml.safe_dump({"version": f"0.{27 + i}.0", **FAST, **sim}))
+        git(repo, "add", ".")
+        git(repo, "commit", "-q", "-m", f"commit {tag} (#{1000 + i})")
+        git(repo, "tag", tag)
+        shas[tag] = git(repo, "rev-parse", "HEAD")
+    return shas
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
+    """A real local Ray with 4 logical GPU slots, shared by the tests (start-up costs seconds)."""
+    import ray
+
+    tmp = tempfile.mkdtemp(prefix="/tmp/sweep-ray-t")
+    ray.init(address="local", num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False,
+             _temp_dir=tmp, configure_logging=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+SUITE = """
+name: tiny
+defaults:
+  repeat: 3
+  body: {max_tokens: 64, temperature: 0}
+  checks: [http_ok, {finish_reason: {expected: [stop, tool_calls]}}, json_schema, no_whitespace_tail,
+           {log_absent: {pattern: "Failed to advance FSM"}}]
+cases:
+  - id: invoice
+    body:
+      messages: [{role: user, content: "Extract the invoice as JSON."}]
+      response_format:
+        type: json_schema
+        json_schema:
+          name: invoice
+          schema:
+            type: object
+            properties:
+              customer: {type: string}
+              items: {type: array, items: {type: object, properties: {sku: {type: string}, qty: {type: integer}},
+                                            required: [sku, qty]}}
+            required: [customer, items]
+  - id: event
+    body:
+      messages: [{role: user, content: "Make an event with attendees."}]
+      response_format:
+        type: json_schema
+        json_schema:
+          name: event
+          schema:
+            type: object
+            properties:
+              title: {type: string}
+              attendees: {type: array, items: {type: string}}
+            required: [title, attendees]
+"""
+
+
+@pytest.fixture
+def tiny_suite(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(SUITE)
+    return path

@@ -1,0 +1,178 @@
+"""`sweep matrix` end to end: real local Ray, real simulator servers, a git history made here, real Parquet."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+import psutil
+import pytest
+
+from conftest import make_sim_repo
+from sweeper import analysis
+from sweeper.store import RunDir
+from sweeper.sweep import run_matrix
+
+STRICT_FSM = {"effect": "fsm_whitespace", "when": {"spec_method": ["mtp"], "strict_tool_calling": True}, "rate": 0.5}
+
+HISTORY = [
+    ("good", {}),
+    ("flaky", {"bugs": [STRICT_FSM]}),
+    ("refuse", {"bugs": [{"effect": "refuse_start", "message": "CUDA error: no kernel image"}]}),
+    ("slow", {"startup_s": 1000}),
+    ("crash", {"bugs": [{"effect": "crash", "after_requests": 2}]}),
+    ("hang", {"bugs": [{"effect": "hang"}]}),
+    ("broken", {"install": "fail: no wheel for this commit"}),
+]
+
+
+def matrix_file(tmp_path: Path, suite: Path, repo: Path, commits: list[str], extra_axes: str = "") -> Path:
+    path = tmp_path / "m.yaml"
+    path.write_text(f"""
+name: t
+model: Qwen/Qwen3-8B
+suite: {suite}
+install: {{kind: sim, repo: {repo}}}
+env: {{VLLM_ENFORCE_STRICT_TOOL_CALLING: "1"}}
+concurrency: 2
+timeouts: {{startup_s: 4, request_s: 2}}
+axes:
+  commit: {json.dumps(commits)}
+  spec_method: [none, mtp]
+  num_speculative_tokens: [2]
+{extra_axes}""")
+    return path
+
+
+def server_groups_alive(run: RunDir) -> list[int]:
+    """Server process groups of this run that still exist (there must be none)."""
+    alive = []
+    for proc in psutil.process_iter(["pid", "environ"]):
+        try:
+            env = proc.info["environ"] or {}
+        except (psutil.Error, KeyError):
+            continue
+        if env.get("SWEEP_SIM_TREE") and str(run.root) in " ".join(proc.cmdline()):
+            alive.append(proc.pid)
+    return alive
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_every_cell_status_one_server_per_key_and_parquet(tmp_path: Path, tiny_suite: Path) -> None:
+    repo = tmp_path / "vllm"
+    shas = make_sim_repo(repo, HISTORY)
+    path = matrix_file(tmp_path, tiny_suite, repo, [t for t, _ in HISTORY], "  request.temperature: [0, 0.5]\n")
+    outcome = run_matrix(path, runs_dir=tmp_path / "runs", run_id="r1")
+    run = outcome.run
+    cells = analysis.load_cells(run)
+    samples = analysis.load_samples(run)
+    assert len(cells) == 7 * 2 * 2
+    # Request-level axes reuse the server: 14 server keys, one start each where the install worked.
+    assert len(outcome.ran) == 14
+    assert cells.groupby("group_id")["cell_id"].nunique().eq(2).all()
+    logs = sorted((run.root / "logs").glob("*.log"))
+    assert len(logs) == 12  # the broken commit never got a server
+    for log in logs:
+        assert log.read_text().count("vLLM API server version") == 1, log.name
+    assert cells.loc[cells.commit == "broken", "server_starts"].eq(0).all()
+    assert cells.loc[cells.commit != "broken", "server_starts"].eq(1).all()
+
+    status = cells.groupby("commit")["status"].agg(lambda s: sorted(set(s)))
+    assert status.to_dict() == {"good": ["ok"], "flaky": ["ok"], "refuse": ["server_failed"],
+                                "slow": ["server_failed"], "crash": ["crashed"], "hang": ["timeout"],
+                                "broken": ["install_failed"]}
+    refused = cells[cells.commit == "refuse"].iloc[0]
+    assert "CUDA error: no kernel image" in refused.log_tail and "exited with code" in refused.status_detail
+    assert "not healthy after 4s" in cells[cells.commit == "slow"].iloc[0].status_detail
+    assert "no wheel for this commit" in cells[cells.commit == "broken"].iloc[0].status_detail
+
+    ok = samples[samples.commit.isin(["good", "flaky"])]
+    assert len(ok) == 2 * 2 * 2 * 2 * 3  # commits x spec x temperature x cases x repeats
+    assert ok[(ok.commit == "good") | (ok.spec_method == "none")].passed.all()
+    flaky = ok[(ok.commit == "flaky") & (ok.spec_method == "mtp")]
+    assert 0 < (~flaky.passed).sum() < len(flaky)
+    broken = flaky[~flaky.passed].iloc[0]
+    assert set(broken.failed_checks) >= {"no_whitespace_tail", "log_absent"}
+    assert broken.finish_reason == "length" and "Failed to advance FSM" in broken.log_errors[0]
+    assert (samples.commit_sha.dropna().isin(shas.values())).all()
+    assert (ok["request.temperature"].isin([0, 0.5])).all()
+    crash = cells[cells.commit == "crash"]
+    assert crash.n_samples.sum() >= 2
+
+    # Failure rates carry Wilson intervals around the observed rate.
+    row = cells[(cells.commit == "flaky") & (cells.spec_method == "mtp")].iloc[0]
+    assert row.ci_low < row.failure_rate < row.ci_high
+    # pandas and DuckDB read the same rows from the Parquet files.
+    assert len(pd.read_parquet(run.root / "samples")) == len(samples)
+    con = analysis.duckdb_connect(tmp_path / "runs")
+    assert con.execute("select count(*) from samples").fetchone()[0] == len(samples)
+    assert duckdb.sql(f"select count(*) from read_parquet('{run.root}/cells/*.parquet')").fetchall()[0][0] == 28
+    assert not list((run.root / "logs").glob("*.pgid"))
+    assert server_groups_alive(run) == []
+
+
+def sweep_cli(*args: str, **kw: object) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "sweeper", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, **kw)  # type: ignore[call-overload]
+
+
+def test_resume_after_a_killed_run_gives_exactly_once_rows(tmp_path: Path, tiny_suite: Path) -> None:
+    repo = tmp_path / "vllm"
+    history = [(f"c{i}", {"token_latency_s": 0.01}) for i in range(6)]
+    make_sim_repo(repo, history)
+    path = matrix_file(tmp_path, tiny_suite, repo, [t for t, _ in history])
+    runs = tmp_path / "runs"
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    proc = sweep_cli("matrix", str(path), "--runs-dir", str(runs), "--run-id", "r", "--gpus", "2", env=env)
+    cells_dir = runs / "r" / "cells"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(list(cells_dir.glob("*.parquet"))) < 2:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    # Kill the whole driver (and its Ray) at once, mid-run, as a lost machine would.
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done_before = {p.name for p in cells_dir.glob("*.parquet")}
+    assert 2 <= len(done_before) < 12
+    proc = sweep_cli("matrix", str(path), "--runs-dir", str(runs), "--resume", "r", "--gpus", "2", env=env)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert f"{len(done_before)} server groups already had results" in out
+    run = RunDir(runs / "r")
+    samples = analysis.load_samples(run)
+    keys = samples[["cell_id", "case_id", "repeat"]]
+    assert not keys.duplicated().any()
+    assert len(samples) == 12 * 2 * 3
+    assert len(list(cells_dir.glob("*.parquet"))) == 12
+    assert not list(run.root.rglob("*.tmp"))
+    assert not list((run.root / "logs").glob("*.pgid"))
+    assert server_groups_alive(run) == []
+
+
+def test_bad_matrix_is_one_line_and_exit_1(tmp_path: Path, tiny_suite: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(f"model: m\nsuite: {tiny_suite}\naxes:\n  spec_method: [none, mtp]\n  num_speculative_tokens: [0]\n")
+    proc = sweep_cli("matrix", str(path), "--dry-run")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert err.strip() == f"error: {path}:5: axes.num_speculative_tokens[0]: expected a positive integer, got 0"
+    assert "Traceback" not in err
+
+
+def test_dry_run_groups_cells_by_server(tmp_path: Path, tiny_suite: Path) -> None:
+    repo = tmp_path / "vllm"
+    make_sim_repo(repo, HISTORY[:2])
+    path = matrix_file(tmp_path, tiny_suite, repo, ["good", "flaky"], "  request.temperature: [0, 0.5]\n")
+    proc = sweep_cli("matrix", str(path), "--dry-run", "--runs-dir", str(tmp_path / "runs"))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert out.splitlines()[0] == "t: 8 cells on 4 servers, 6 requests per cell (suite tiny)"
+    assert out.count("server ") == 4 and "spec mtp x2" in out and "[temperature=0.5]" in out
+    assert not (tmp_path / "runs" / "t").exists()
