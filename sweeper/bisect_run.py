@@ -30,7 +30,7 @@ from sweeper.server import kill_leftovers
 from sweeper.stats import wilson
 from sweeper.store import PROBE_SCHEMA, RunDir, host_info, new_run_id, now_utc, open_run, table, write_atomic, \
     write_json_atomic
-from sweeper.sweep import load_suites, repo_for, sweep_gpus
+from sweeper.sweep import load_suites, repo_for, spec_with_repo, sweep_gpus
 from sweeper.suite import Suite
 
 OK = "ok"
@@ -146,7 +146,8 @@ class Bisector:
             cell = cell_at(self.matrix, self.cell, sha)
             group = ServerGroup(cell.server_key, (cell,))
             self.probe_no += 1
-            jobs.append(GroupJob(run_id=self.run.run_id, group=group, spec=self.matrix.spec, suite=self.suite,
+            jobs.append(GroupJob(run_id=self.run.run_id, group=group, spec=spec_with_repo(self.matrix.spec, self.repo),
+                                 suite=self.suite,
                                  matrix_dir=str(Path(self.matrix.path).parent), log_dir=str(self.run.logs), sha=sha,
                                  cache_dir=str(self.cache_dir) if self.cache_dir else None,
                                  repeats_override=max(1, math.ceil(wanted / self._requests_per_repeat()))))

@@ -28,7 +28,8 @@ app.add_typer(suite_app, name="suite")
 app.add_typer(cache_app, name="cache")
 app.add_typer(model_app, name="model")
 
-out = Console(soft_wrap=False)
+# Piped output (CI logs, files) gets a wide table instead of rich's 80-column default.
+out = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, soft_wrap=True)
 
 RunsDir = Annotated[Path, typer.Option("--runs-dir", help="Folder holding the runs.")]

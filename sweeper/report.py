@@ -35,6 +35,8 @@ def fmt_rate(k: int, n: int) -> str:
 def _fmt(value: Any) -> str:
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return "·"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))  # an int axis made float by a missing value in another row
     return str(value)
 
 
@@ -59,8 +61,8 @@ def cells_table(cells: pd.DataFrame, *, title: str = "") -> Table:
         rate = fmt_rate(k, n)
         if k and status == "ok":
             rate = f"[red]{rate}[/red]"
-        checks = ", ".join(f"{name}×{count}" for name, count in sorted(row["failed_checks"] or [],
-                                                                        key=lambda kv: -kv[1]))
+        top = sorted(row["failed_checks"] or [], key=lambda kv: -kv[1])
+        checks = ", ".join(f"{name}×{count}" for name, count in top[:3]) + (" …" if len(top) > 3 else "")
         differs = ", ".join(row["effective_differs"] if row["effective_differs"] is not None else [])
         table.add_row(*[_fmt(row.get(a)) for a in axes], f"[{style}]{status}[/{style}]" if style else status,
                       f"{k}/{n}", rate, checks, f"[yellow]{differs}[/yellow]" if differs else "")

@@ -109,7 +109,7 @@ def run_group(job: GroupJob) -> GroupResult:
         installed = environments.prepare(job.spec.install, group.head.commit, job.sha,
                                          base_dir=Path(job.matrix_dir),
                                          cache_dir=Path(job.cache_dir) if job.cache_dir else None)
-    except InstallError as exc:
+    except (InstallError, SweepError) as exc:
         return base.failed(Status.INSTALL_FAILED, str(exc), "", time.monotonic() - t_start, started=False)
     base.version = installed.version
     port, api_key = free_port(), new_api_key()

@@ -19,7 +19,7 @@ from typing import Any
 from sweeper import __version__, gitrepo
 from sweeper.cluster import Cluster
 from sweeper.errors import ConfigError, GitError, StoreError
-from sweeper.matrix import Matrix, ServerGroup, canonical, load_matrix, resolve_path, short_hash
+from sweeper.matrix import Matrix, MatrixFile, ServerGroup, canonical, load_matrix, resolve_path, short_hash
 from sweeper.runner import GroupJob, GroupResult
 from sweeper.server import kill_leftovers
 from sweeper.store import RunDir, host_info, new_run_id, now_utc, open_run
@@ -35,6 +35,10 @@ class Plan:
     repo: Path | None
     shas: dict[str, str | None]
     groups: tuple[ServerGroup, ...]
+
+    @property
+    def job_spec(self) -> MatrixFile:
+        return spec_with_repo(self.matrix.spec, self.repo)
 
     @property
     def n_cells(self) -> int:
@@ -119,6 +123,14 @@ def make_plan(matrix_path: str | Path, runs_dir: Path, *, resolve: bool = True) 
     return Plan(matrix, suite, repo, shas, matrix.groups())
 
 
+def spec_with_repo(spec: MatrixFile, repo: Path | None) -> MatrixFile:
+    """The settings workers get: `install.repo` as the local path it was resolved to (a `sim:` name
+    or URL means nothing on a worker). Cell identities keep the repo as written."""
+    if repo is None:
+        return spec
+    return spec.model_copy(update={"install": spec.install.model_copy(update={"repo": str(Path(repo).resolve())})})
+
+
 def manifest(plan: Plan, run_id: str) -> dict[str, Any]:
     return {
         "run_id": run_id, "kind": "matrix", "created": now_utc().isoformat(), "sweeper": __version__,
@@ -131,7 +143,8 @@ def manifest(plan: Plan, run_id: str) -> dict[str, Any]:
 
 
 def jobs_for(plan: Plan, run: RunDir, cache_dir: Path | None) -> list[GroupJob]:
-    return [GroupJob(run_id=run.run_id, group=g, spec=plan.matrix.spec, suite=plan.suite,
+    spec = plan.job_spec
+    return [GroupJob(run_id=run.run_id, group=g, spec=spec, suite=plan.suite,
                      matrix_dir=str(Path(plan.matrix.path).parent), log_dir=str(run.logs),
                      sha=plan.shas.get(g.head.commit), cache_dir=str(cache_dir) if cache_dir else None)
             for g in plan.groups]

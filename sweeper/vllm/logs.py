@@ -84,11 +84,28 @@ def non_default_args(log_text: str) -> dict[str, Any]:
         m = _NON_DEFAULT.search(line)
         if m:
             try:
-                value = ast.literal_eval(m.group("args"))
+                value = _literal(ast.parse(m.group("args"), mode="eval").body)
             except (ValueError, SyntaxError):
                 return {}
             return value if isinstance(value, dict) else {}
     return {}
+
+
+def _literal(node: ast.AST) -> Any:
+    """A Python literal, where config objects (`StructuredOutputsConfig(backend='x', ...)`) become dicts."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Dict):
+        return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values) if k is not None}
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        return [_literal(e) for e in node.elts]
+    if isinstance(node, ast.Call):
+        return {kw.arg: _literal(kw.value) for kw in node.keywords if kw.arg}
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_literal(node.operand)
+    if isinstance(node, (ast.Name, ast.Attribute)):
+        return ast.unparse(node)  # an enum member or a type: keep its text
+    raise ValueError(f"not a literal: {ast.dump(node)[:80]}")
 
 
 def effective_config(log_text: str) -> EffectiveConfig:
@@ -103,7 +120,8 @@ def effective_config(log_text: str) -> EffectiveConfig:
     device = device_m.group("d") if device_m else None
 
     so_backend = disable_ws = reasoning = None
-    so = _SO.search(log_text)
+    # The engine's line comes last (the non-default args may repeat the requested config before it).
+    so = next(reversed(list(_SO.finditer(log_text))), None)
     if so:
         kv = dict(re.findall(r"(\w+)=('[^']*'|\w+)", so.group("body")))
         so_backend = kv.get("backend", "").strip("'") or None
