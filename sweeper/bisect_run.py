@@ -227,7 +227,7 @@ class Bisector:
 
     def save_state(self, result: BisectResult, *, final: bool) -> dict[str, Any]:
         summary = describe(result, self.repo, self.signature, self.gpu_seconds, self.commits, self.cell)
-        summary.update({"run_id": self.run.run_id, "final": final, "reused_commits": sorted(self.reused),
+        summary.update({"run_id": self.run.run_id, "final": final, "rounds": self.round, "probes": self.probe_no, "reused_commits": sorted(self.reused),
                         "updated": now_utc().isoformat()})
         write_json_atomic(summary, self.run.root / "bisect.json")
         return summary
@@ -349,20 +349,24 @@ def _side(label: str, side: dict[str, Any] | None) -> str:
             f"({100 * rate:.1f}%, 95% CI {100 * (side['ci_low'] or 0):.1f}–{100 * (side['ci_high'] or 0):.1f}%)")
 
 
+def _pct(p: float) -> str:
+    return ">99.99%" if p > 0.9999 else f"{100 * p:.2f}%"
+
+
 def render(summary: dict[str, Any]) -> str:
     """The final report as plain text."""
     lines = []
     verdict = summary["verdict"]
     culprit = summary.get("culprit")
     if verdict == Verdict.CULPRIT.value and culprit:
-        pr = f" (#{culprit['pr']})" if culprit.get("pr") else ""
+        pr = f"PR #{culprit['pr']}" if culprit.get("pr") else "no PR number"
         lines.append(f"culprit: {culprit['sha']}  {culprit['subject']}")
-        lines.append(f"  PR{pr or ' unknown'}, {culprit.get('date')}, confidence {100 * summary['confidence']:.2f}%")
+        lines.append(f"  {pr}, {culprit.get('date')}, confidence {_pct(summary['confidence'])}")
         if len(summary["candidates"]) > 1:
             lines.append("  could also be (untestable, right before it): "
                          + ", ".join(c["sha"][:12] for c in summary["candidates"][:-1]))
     elif verdict == Verdict.NO_CULPRIT.value:
-        lines.append(f"no culprit: good and bad fail alike (confidence {100 * summary['confidence']:.2f}%)")
+        lines.append(f"no culprit: good and bad fail alike (confidence {_pct(summary['confidence'])})")
     elif verdict == Verdict.ENDPOINT_PROBLEM.value:
         issue = summary.get("endpoint_issue")
         what = {"good_fails": "the good endpoint fails too (try --widen or an older --good)",
@@ -374,6 +378,6 @@ def render(summary: dict[str, Any]) -> str:
     lines.append(_side("good side", summary.get("good_side") or summary.get("good")))
     lines.append(_side("bad side ", summary.get("bad_side") or summary.get("bad")))
     lines.append(f"  failure signature: {', '.join(summary['signature']) or '(none)'}")
-    lines.append(f"  {summary['candidates_in_range']} commits, {summary['probes']} probes in {summary['rounds']} rounds, "
+    lines.append(f"  {summary['candidates_in_range'] - 1} commits after good, {summary['probes']} probes in {summary['rounds']} rounds, "
                  f"{summary['samples']} samples, {summary['gpu_seconds']:.0f} GPU-seconds")
     return "\n".join(lines)
