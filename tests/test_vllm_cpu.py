@@ -150,10 +150,40 @@ def test_async_requested_on_cpu_is_forced_off_and_budget_holds(installed, model,
 def test_async_with_ngram_is_refused_with_vllms_message(installed, model, work) -> None:
     cell = find_cell(spec_method="ngram", async_scheduling=True, attention_backend="CPU_ATTN")
     server, _ = server_for(cell, installed, model, work, "refused")
-    with pytest.raises(ServerError) as info:
-        with server:
-            pass
+    with pytest.raises(ServerError) as info, server:
+        pass
     assert info.value.status == "server_failed"
     assert vllm.failure_reason(server.log_text()) == (
         "ValueError: Currently, async scheduling is only supported with EAGLE/MTP/Draft Model/NGram GPU/"
         "DSpark/DFlash kind of speculative decoding")
+
+
+def test_cpu_matrix_cells_through_the_runner(installed, model, work, monkeypatch) -> None:
+    """Two cells of matrices/cpu.yaml end to end: one runs (with a silent fallback), one is refused."""
+    from sweeper.runner import GroupJob, run_group
+    from sweeper.sweep import load_suites
+
+    for var, sub in (("VLLM_CACHE_ROOT", "vllm"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TMPDIR", "tmp")):
+        (work / "e2e" / sub).mkdir(parents=True, exist_ok=True)
+        monkeypatch.setenv(var, str(work / "e2e" / sub))
+    spec = MATRIX.spec.model_copy(update={"model": model})
+    suite = load_suites(MATRIX.suite_paths)
+    ok_cell = find_cell(spec_method="ngram", async_scheduling=False, attention_backend="FLASH_ATTN",
+                        **{"serve.--structured-outputs-config": {"backend": "xgrammar", "disable_any_whitespace": True}})
+    refused = find_cell(spec_method="ngram", async_scheduling=True, attention_backend="CPU_ATTN")
+    groups = {g.head.cell_id: g for g in MATRIX.groups()}
+    rows = {}
+    for c in (ok_cell, refused):
+        job = GroupJob(run_id="t", group=groups[c.cell_id], spec=spec, suite=suite, matrix_dir=str(ROOT / "matrices"),
+                       log_dir=str(work / "e2e" / "logs"), repeats_override=1)
+        result = run_group(job)
+        rows[c.cell_id] = (result.cells.to_pylist()[0], result.samples.to_pylist())
+    row, samples = rows[ok_cell.cell_id]
+    assert row["status"] == "ok" and row["vllm_version"] == "0.32.0"
+    assert row["effective_attention_backend"] == "CPU_ATTN" and row["effective_differs"] == ["attention_backend"]
+    assert row["spec_drafts"] > 0 and row["spec_acceptance_rate"] > 0
+    json_samples = [s for s in samples if s["case_id"] in ("flags", "verdict")]
+    assert json_samples and all(s["passed"] and s["finish_reason"] == "stop" for s in json_samples)
+    row, samples = rows[refused.cell_id]
+    assert row["status"] == "server_failed" and not samples
+    assert "async scheduling is only supported with EAGLE/MTP" in row["log_tail"]

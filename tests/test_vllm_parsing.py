@@ -154,16 +154,7 @@ def test_refused_start_gives_vllms_message() -> None:
 
 
 def test_gpu_style_lines() -> None:
-    log = "\n".join([
-        "(APIServer pid=1) INFO 11-29 08:00:00 [api_server.py:1885] vLLM API server version 0.28.1rc1.dev130+g44fe2a392",
-        "(EngineCore_DP0 pid=2) INFO 11-29 08:00:01 [core.py:93] Initializing a V1 LLM engine (v0.28.1rc1.dev130+g44fe2a392)"
-        " with config: model='Q', speculative_config=SpeculativeConfig(method='mtp', model='Q', num_spec_tokens=4),"
-        " device_config=cuda, structured_outputs_config=StructuredOutputsConfig(backend='auto', "
-        "disable_any_whitespace=False, reasoning_parser='qwen3'), seed=0",
-        "(EngineCore_DP0 pid=2) INFO 11-29 08:00:02 [gpu_worker.py:518] Using V2 Model Runner",
-        "(EngineCore_DP0 pid=2) INFO 11-29 08:00:02 [cuda.py:506] Using FLASHINFER attention backend out of "
-        "potential backends: ['FLASH_ATTN', 'FLASHINFER'].",
-    ])
+    log = "(APIServer pid=1) INFO 11-29 08:00:00 [api_server.py:1885] vLLM API server version 0.28.1rc1.dev130+g44fe2a392\n(EngineCore_DP0 pid=2) INFO 11-29 08:00:01 [core.py:93] Initializing a V1 LLM engine (v0.28.1rc1.dev130+g44fe2a392) with config: model='Q', speculative_config=SpeculativeConfig(method='mtp', model='Q', num_spec_tokens=4), device_config=cuda, structured_outputs_config=StructuredOutputsConfig(backend='auto', disable_any_whitespace=False, reasoning_parser='qwen3'), seed=0\n(EngineCore_DP0 pid=2) INFO 11-29 08:00:02 [gpu_worker.py:518] Using V2 Model Runner\n(EngineCore_DP0 pid=2) INFO 11-29 08:00:02 [cuda.py:506] Using FLASHINFER attention backend out of potential backends: ['FLASH_ATTN', 'FLASHINFER']."
     eff = effective_config(log)
     assert eff.version == "0.28.1rc1.dev130+g44fe2a392"
     assert (eff.model_runner, eff.attention_backend, eff.spec_method, eff.num_speculative_tokens) == (
@@ -177,10 +168,10 @@ REQUEST_LOG = [
     "(APIServer pid=8) INFO 11-29 08:16:39 [request_logger.py:65] Received request chatcmpl-rq-1: params: ...",
     "(APIServer pid=8) INFO 11-29 08:16:39 [async_llm.py:578] Added request chatcmpl-rq-1-94bfdfc6.",
     "(APIServer pid=8) INFO 11-29 08:16:40 [async_llm.py:578] Added request chatcmpl-rq-10-afc1ec0c.",
-    "(EngineCore pid=9) ERROR 11-29 08:16:41 [backend_xgrammar.py:167] Failed to advance FSM for request "
-    "chatcmpl-rq-1-94bfdfc6 for tokens 71093. Please file an issue.",
-    "(EngineCore pid=9) ERROR 11-29 08:16:42 [backend_xgrammar.py:167] Failed to advance FSM for request "
-    "chatcmpl-rq-10-afc1ec0c for tokens 2164. Please file an issue.",
+    ("(EngineCore pid=9) ERROR 11-29 08:16:41 [backend_xgrammar.py:167] Failed to advance FSM for request "
+    "chatcmpl-rq-1-94bfdfc6 for tokens 71093. Please file an issue."),
+    ("(EngineCore pid=9) ERROR 11-29 08:16:42 [backend_xgrammar.py:167] Failed to advance FSM for request "
+    "chatcmpl-rq-10-afc1ec0c for tokens 2164. Please file an issue."),
 ]
 
 
@@ -217,8 +208,8 @@ vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} %
 
 
 def test_metrics_difference_gives_the_cells_figures() -> None:
-    before = SCRAPE % dict(drafts=2, draft_tokens=4, accepted=3, p0=2, p1=1, stop=1, length=0)
-    after = SCRAPE % dict(drafts=12, draft_tokens=24, accepted=9, p0=8, p1=3, stop=3, length=2)
+    before = SCRAPE % {"drafts": 2, "draft_tokens": 4, "accepted": 3, "p0": 2, "p1": 1, "stop": 1, "length": 0}
+    after = SCRAPE % {"drafts": 12, "draft_tokens": 24, "accepted": 9, "p0": 8, "p1": 3, "stop": 3, "length": 2}
     m = metrics.cell_metrics(before, after)
     assert (m.drafts, m.draft_tokens, m.accepted_tokens) == (10, 20, 6)
     assert m.acceptance_rate == pytest.approx(0.3) and m.mean_acceptance_length == pytest.approx(1.6)
