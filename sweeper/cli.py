@@ -234,10 +234,9 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except (typer.Abort,):
         sys.exit(1)
-    except Exception as exc:  # click's usage errors arrive here with standalone_mode=False
-        import click
-
-        if isinstance(exc, click.ClickException):
+    except Exception as exc:
+        # Usage errors (typer's own click) arrive here with standalone_mode=False: show them as click would.
+        if hasattr(exc, "show") and isinstance(getattr(exc, "exit_code", None), int):
             exc.show()
             sys.exit(exc.exit_code)
         raise

@@ -48,7 +48,10 @@ def main(
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 )
 def serve(ctx: typer.Context) -> None:
-    """Serve like `vllm serve MODEL [flags]` (run `serve --help` for the flags of this version)."""
+    """Serve like `vllm serve MODEL [flags]` (run `serve --help` for the flags of this version).
+
+    Example: SWEEP_SIM_TREE=/tmp/tree sweep sim serve Qwen/Qwen3-8B --port 8000
+    """
     raise typer.Exit(serve_main(list(ctx.args)))
 
 
@@ -104,7 +107,10 @@ def make_repo(
     seed: Annotated[int, typer.Option(help="Chooses the planted positions.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the planted facts as JSON.")] = False,
 ) -> None:
-    """Create a git repository of simulated vLLM history with planted bugs."""
+    """Create a git repository of simulated vLLM history with planted bugs.
+
+    Example: sweep sim make-repo /tmp/vllm-sim --scenario bisect --json
+    """
     try:
         plan = repo.make(directory, scenario=scenario, commits=commits, seed=seed)
     except repo.RepoError as exc:
