@@ -114,8 +114,10 @@ def run_group(job: GroupJob) -> GroupResult:
     base.version = installed.version
     port, api_key = free_port(), new_api_key()
     try:
+        # The installed version's own `--help` (cached per environment) says which flags it takes.
         launch = vllm.serve_command(group.head, model=job.spec.model, spec_config=job.spec.spec_config,
-                                    installed=installed, host="127.0.0.1", port=port, api_key=api_key)
+                                    installed=installed, host="127.0.0.1", port=port, api_key=api_key,
+                                    supported=vllm.supported_flags(installed))
     except SweepError as exc:
         # A flag this version cannot take: reported before any server (or GPU time) is spent.
         return base.failed(Status.SERVER_FAILED, str(exc), "", time.monotonic() - t_start, started=False)
@@ -124,7 +126,8 @@ def run_group(job: GroupJob) -> GroupResult:
                            pid_file=Path(job.log_dir) / f"{group.group_id}.pgid")
     requests = build_requests(job, cells)
     try:
-        with server:
+        # in_use: cache eviction on this node never removes an environment a server runs from.
+        with environments.in_use(installed), server:
             base.startup_s = server.startup_s
             before = metrics.scrape(server.base_url, api_key)
             outcome = run_replay(server.base_url, api_key, [r for _, _, r in requests],

@@ -116,6 +116,8 @@ def test_every_cell_status_one_server_per_key_and_parquet(tmp_path: Path, tiny_s
     assert duckdb.sql(f"select count(*) from read_parquet('{run.root}/cells/*.parquet')").fetchall()[0][0] == 28
     assert not list((run.root / "logs").glob("*.pgid"))
     assert server_groups_alive(run) == []
+    # The analysis notebook runs on these results and draws its heatmap.
+    run_notebook(Path(__file__).parent.parent / "notebooks" / "failure-rates.ipynb", run.root)
 
 
 def sweep_cli(*args: str, **kw: object) -> subprocess.Popen[str]:
@@ -176,3 +178,17 @@ def test_dry_run_groups_cells_by_server(tmp_path: Path, tiny_suite: Path) -> Non
     assert out.splitlines()[0] == "t: 8 cells on 4 servers, 6 requests per cell (suite tiny)"
     assert out.count("server ") == 4 and "spec mtp x2" in out and "[temperature=0.5]" in out
     assert not (tmp_path / "runs" / "t").exists()
+
+
+def run_notebook(path: Path, run_dir: Path) -> None:
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    os.environ["SWEEP_RUN"] = str(run_dir)
+    try:
+        NotebookClient(nb, timeout=120, kernel_name="python3",
+                       resources={"metadata": {"path": str(path.parent)}}).execute()
+    finally:
+        os.environ.pop("SWEEP_RUN", None)
+    assert (run_dir / "heatmap.png").stat().st_size > 1000
