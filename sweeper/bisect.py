@@ -164,6 +164,7 @@ class Search:
         self._z_strict = z_for(1 - (1 - confidence) / 10)
         self.rounds = 0
         self._cache: StepPosterior | None = None
+        self._ends_cache: StepPosterior | None = None
 
     # ---- persistence -------------------------------------------------------------------
 
@@ -199,14 +200,14 @@ class Search:
         self._s.samples[i] += samples
         self._s.in_flight.discard(i)
         self._s.observations.append(Observation(commit, failures, samples, None, self.rounds))
-        self._cache = None
+        self._cache = self._ends_cache = None
 
     def record_skip(self, commit: str, reason: str) -> None:
         i = self._lookup(commit)
         self._s.skipped[i] = reason
         self._s.in_flight.discard(i)
         self._s.observations.append(Observation(commit, 0, 0, reason, self.rounds))
-        self._cache = None
+        self._cache = self._ends_cache = None
 
     def _lookup(self, commit: str) -> int:
         try:
@@ -224,7 +225,7 @@ class Search:
     def phase(self) -> Phase:
         if self._decision() is not None:
             return Phase.DONE
-        return Phase.ENDPOINTS if self._endpoint_no_culprit() > 1 - self.confidence else Phase.SEARCH
+        return Phase.SEARCH if self._endpoints_settled() else Phase.ENDPOINTS
 
     @property
     def done(self) -> bool:
@@ -236,12 +237,28 @@ class Search:
                                          self.prior)
         return self._cache
 
+    def _endpoint_posterior(self) -> StepPosterior:
+        """The model fitted to the endpoints' counts alone: [P(step), P(no culprit)]."""
+        if self._ends_cache is None:
+            idx = [0, len(self.commits) - 1]
+            self._ends_cache = step_posterior(self._s.failures[idx], self._s.samples[idx],
+                                              self._endpoint_log_prior, self.prior)
+        return self._ends_cache
+
     def _endpoint_no_culprit(self) -> float:
-        """P(no culprit) from the endpoints' counts alone."""
-        idx = [0, len(self.commits) - 1]
-        post = step_posterior(self._s.failures[idx], self._s.samples[idx],
-                              self._endpoint_log_prior, self.prior)
-        return float(post.post[1])
+        return float(self._endpoint_posterior().post[1])
+
+    def _endpoints_settled(self) -> bool:
+        """The endpoints differ, and each has enough samples to pin its rate down: the rates
+        estimated there anchor the whole search, so they must not rest on a handful."""
+        if self._endpoint_no_culprit() > 1 - self.confidence:
+            return False
+        ends = self._endpoint_posterior()
+        need = min(self._samples_needed(ends.p_good, ends.p_bad), self.max_samples_per_probe)
+        return bool(min(self._s.samples[0], self._s.samples[-1]) >= need)
+
+    def _samples_needed(self, p_good: float, p_bad: float) -> int:
+        return samples_to_decide(p_good, max(p_bad, p_good + 1e-3), self.confidence)
 
     def _endpoint_issue(self) -> EndpointIssue | None:
         last = len(self.commits) - 1
@@ -275,7 +292,7 @@ class Search:
         p0 = self._endpoint_no_culprit()
         if p0 >= self.confidence:
             return Verdict.ENDPOINT_PROBLEM if self._s.failures[-1] == 0 else Verdict.NO_CULPRIT
-        if p0 <= 1 - self.confidence:
+        if self._endpoints_settled():
             _, mass = self._groups()
             if mass.max() >= self.confidence:
                 return Verdict.NO_CULPRIT if int(np.argmax(mass)) == len(mass) - 1 else Verdict.CULPRIT
@@ -303,15 +320,27 @@ class Search:
             chosen = sorted(ends, key=lambda i: self._s.samples[i])[:k]
             reqs = [self._request(i, early_stop=False) for i in chosen]
         else:
-            reqs = [self._request(i, early_stop=True) for i in self._quantile_commits(free, k)]
+            refs = self._lagging_endpoints(free)[:k]
+            reqs = [self._request(i, early_stop=False, at_least=lag) for i, lag in refs]
+            reqs += [self._request(i, early_stop=True)
+                     for i in self._quantile_commits(free, k - len(reqs))]
         if reqs:
             self.rounds += 1
             self._s.in_flight.update(r.index for r in reqs)
         return reqs
 
+    def _lagging_endpoints(self, free: list[int]) -> list[tuple[int, int]]:
+        """Endpoints with fewer samples than the most-sampled interior commit, and by how
+        many. Keeping the endpoints ahead keeps the rate estimates anchored to commits
+        known to be good and bad, not to ambiguous interior ones."""
+        interior = self._s.samples[1:-1]
+        most = int(interior.max()) if interior.size else 0
+        return [(i, most - int(self._s.samples[i])) for i in (0, len(self.commits) - 1)
+                if i in free and self._s.samples[i] < most]
+
     def _quantile_commits(self, free: list[int], k: int) -> list[int]:
         """Commits whose P(bad) = P(culprit <= commit) is closest to 1/(k+1), ..., k/(k+1)."""
-        if not free:
+        if not free or k < 1:
             return []
         cdf = np.concatenate([[0.0], np.cumsum(self.posterior().post)[:-1]])  # P(j <= i)
         cand = np.array(free)
@@ -328,10 +357,10 @@ class Search:
             chosen.append(int(left[np.argmin(np.abs(cdf[left] - q))]))
         return chosen
 
-    def _request(self, i: int, *, early_stop: bool) -> ProbeRequest:
-        post = self.posterior()
+    def _request(self, i: int, *, early_stop: bool, at_least: int = 0) -> ProbeRequest:
+        post = self.posterior() if self.phase is Phase.SEARCH else self._endpoint_posterior()
         p_good, p_bad = post.p_good, max(post.p_bad, post.p_good + 1e-3)
-        need = samples_to_decide(p_good, p_bad, self.confidence)
+        need = max(self._samples_needed(p_good, p_bad), at_least)
         done = int(self._s.samples[i])
         # Never more than double what the commit has had: the rate estimates may be off.
         batch = min(max(need, self.min_batch), max(self.min_batch, done), self.max_batch,
