@@ -381,8 +381,9 @@ class Search:
         culprit: str | None = None
         candidates: tuple[str, ...] = ()
         if verdict is Verdict.ENDPOINT_PROBLEM:
-            confidence = 1.0 - self._endpoint_no_culprit() if issue is EndpointIssue.GOOD_FAILS \
-                else self._endpoint_no_culprit()
+            # GOOD_FAILS is a test at the strict level; BAD_PASSES rests on P(no step).
+            confidence = {EndpointIssue.GOOD_FAILS: 1 - (1 - self.confidence) / 10,
+                          EndpointIssue.BAD_PASSES: self._endpoint_no_culprit()}.get(issue, 1.0)
         else:
             group, mass = self._groups()
             top = int(np.argmax(mass))

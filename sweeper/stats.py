@@ -65,14 +65,14 @@ def samples_to_decide(p_good: float, p_bad: float, confidence: float) -> int:
     return max(1, math.ceil(need / max(info, 1e-12)))
 
 
-class TestVerdict(Enum):
+class Decision(Enum):
     GOOD = "good"
     BAD = "bad"
     CONTINUE = "continue"
 
 
 def sprt(failures: int, samples: int, p_good: float, p_bad: float,
-         confidence: float = 0.99) -> TestVerdict:
+         confidence: float = 0.99) -> Decision:
     """Wald's sequential probability ratio test: is this commit failing at p_good or p_bad?"""
     if not 0 <= p_good < p_bad <= 1:
         raise ValueError(f"need 0 <= p_good < p_bad <= 1, got {p_good}, {p_bad}")
@@ -84,10 +84,10 @@ def sprt(failures: int, samples: int, p_good: float, p_bad: float,
         llr += passes * ((math.log1p(-p_bad) if p_bad < 1 else -math.inf) - math.log1p(-p_good))
     bound = math.log(confidence / (1 - confidence))
     if llr >= bound:
-        return TestVerdict.BAD
+        return Decision.BAD
     if llr <= -bound:
-        return TestVerdict.GOOD
-    return TestVerdict.CONTINUE
+        return Decision.GOOD
+    return Decision.CONTINUE
 
 
 def logsumexp(a: FloatArray, axis: int = -1) -> FloatArray:
@@ -103,8 +103,10 @@ class RatePrior:
 
     The baseline ("good") rate has an atom at exactly 0 (flawless commits are common) and a
     log-uniform spread up to `good_max`; the regressed ("bad") rate is logit-uniform from
-    `bad_min` to nearly 1. The model requires bad > good, which is what makes a step
-    identifiable and lets a single failure settle a commit when the baseline is clean.
+    `bad_min` to nearly 1. The model requires bad > min_ratio * good: a regression at
+    least doubles the failure rate (by default). That makes a step identifiable, lets a
+    single failure settle a commit when the baseline is clean, and lets "both endpoints
+    fail alike" become evidence for no culprit instead of a tiny step.
     """
 
     rates: FloatArray
@@ -112,10 +114,12 @@ class RatePrior:
     log_1mr: FloatArray
     log_w_good: FloatArray
     log_w_bad: FloatArray
+    n_good_below: npt.NDArray[np.intp]  # per bad rate: how many grid rates may be the baseline
+    first_bad_above: npt.NDArray[np.intp]  # per baseline rate: the first grid rate that may be bad
 
     @classmethod
     def default(cls, *, points: int = 48, zero_mass: float = 0.3, good_max: float = 0.5,
-                bad_min: float = 0.005) -> RatePrior:
+                bad_min: float = 0.005, min_ratio: float = 2.0) -> RatePrior:
         eps = 1e-4
         lo, hi = math.log(eps / (1 - eps)), math.log((1 - eps) / eps)
         grid = 1.0 / (1.0 + np.exp(-np.linspace(lo, hi, points)))
@@ -129,8 +133,13 @@ class RatePrior:
         w_good[spread] = (1 - zero_mass) / spread.sum()
         w_bad = np.where(rates >= bad_min, 1.0, 0.0)
         w_bad /= w_bad.sum()
+        allowed = rates[None, :] > min_ratio * rates[:, None]  # [good, bad]
+        n_good_below = allowed.sum(axis=0)  # allowed baselines form a prefix of the grid
+        first_bad_above = np.argmax(allowed, axis=1)
+        first_bad_above[~allowed.any(axis=1)] = rates.size
         with np.errstate(divide="ignore"):
-            return cls(rates, log_r, log_1mr, np.log(w_good), np.log(w_bad))
+            return cls(rates, log_r, log_1mr, np.log(w_good), np.log(w_bad), n_good_below,
+                       first_bad_above)
 
 
 @dataclass(frozen=True)
@@ -169,9 +178,9 @@ def step_posterior(failures: npt.ArrayLike, samples: npt.ArrayLike, log_prior: F
     a_max = a.max(axis=1, keepdims=True)
     with np.errstate(divide="ignore"):
         cum_a = np.log(np.cumsum(np.exp(a - a_max), axis=1)) + a_max
-    # Sum over good rates strictly below each bad rate.
-    below = np.full_like(cum_a, -np.inf)
-    below[:, 1:] = cum_a[:, :-1]
+    # Sum over the baseline rates each bad rate allows (a prefix of the grid).
+    padded = np.concatenate([np.full((m, 1), -np.inf), cum_a], axis=1)
+    below = padded[:, prior.n_good_below]
     b = kb[:, None] * prior.log_r + fb[:, None] * prior.log_1mr + prior.log_w_bad
     joint = b + below
     log_lik = logsumexp(joint, axis=1)
@@ -187,9 +196,8 @@ def _rates_at(a: FloatArray, b: FloatArray, joint: FloatArray, log_lik: float,
     """Posterior means of the baseline and regressed rates at one step position."""
     p_bad = float(np.sum(np.exp(joint - log_lik) * prior.rates))
     b_max = b.max()
-    tail = np.cumsum(np.exp(b - b_max)[::-1])[::-1]  # sum over b >= index
-    above = np.zeros_like(tail)
-    above[:-1] = tail[1:]
+    tail = np.concatenate([np.cumsum(np.exp(b - b_max)[::-1])[::-1], [0.0]])  # sum over b >= index
+    above = tail[prior.first_bad_above]
     with np.errstate(divide="ignore"):
         log_above = np.log(above) + b_max
     p_good = float(np.sum(np.exp(a + log_above - log_lik) * prior.rates))
