@@ -37,7 +37,6 @@ import numpy as np
 
 from sweeper.errors import BisectError
 from sweeper.stats import (
-    FloatArray,
     RatePrior,
     StepPosterior,
     samples_to_decide,
@@ -271,7 +270,7 @@ class Search:
             return EndpointIssue.GOOD_FAILS
         return None
 
-    def _groups(self) -> tuple[np.ndarray, FloatArray]:
+    def _groups(self) -> tuple[np.ndarray, np.ndarray]:
         """Map each culprit position to its candidate group: the first testable commit at
         or after it (skipped commits cannot be told apart from the next testable one)."""
         m = len(self.commits)
@@ -382,8 +381,12 @@ class Search:
         candidates: tuple[str, ...] = ()
         if verdict is Verdict.ENDPOINT_PROBLEM:
             # GOOD_FAILS is a test at the strict level; BAD_PASSES rests on P(no step).
-            confidence = {EndpointIssue.GOOD_FAILS: 1 - (1 - self.confidence) / 10,
-                          EndpointIssue.BAD_PASSES: self._endpoint_no_culprit()}.get(issue, 1.0)
+            if issue is EndpointIssue.GOOD_FAILS:
+                confidence = 1 - (1 - self.confidence) / 10
+            elif issue is EndpointIssue.BAD_PASSES:
+                confidence = self._endpoint_no_culprit()
+            else:
+                confidence = 1.0
         else:
             group, mass = self._groups()
             top = int(np.argmax(mass))

@@ -37,7 +37,7 @@ def random_history(rng: np.random.Generator, *, n_min: int = 10, n_max: int = 30
                    skip_fraction: float = 0.05) -> History:
     """N log-uniform in [n_min, n_max], p_bad uniform in [0.05, 1], p_good 0 half the time
     and uniform in [0, 0.02] otherwise; interior commits untestable with `skip_fraction`."""
-    n = int(round(math.exp(rng.uniform(math.log(n_min), math.log(n_max)))))
+    n = round(math.exp(rng.uniform(math.log(n_min), math.log(n_max))))
     culprit = int(rng.integers(1, n + 1))
     p_bad = float(rng.uniform(0.05, 1.0))
     p_good = 0.0 if rng.random() < 0.5 else float(rng.uniform(0.0, 0.02))
