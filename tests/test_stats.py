@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from sweeper.stats import (
-    RatePrior,
     Decision,
+    RatePrior,
     kl_bernoulli,
     samples_to_decide,
     sprt,
