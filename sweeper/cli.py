@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from sweeper.errors import SweepError
+from sweeper.errors import SweepError, one_line
 
 app = typer.Typer(
     name="sweep", no_args_is_help=True, add_completion=False, rich_markup_mode=None,
@@ -224,19 +224,20 @@ def main() -> None:
     try:
         app(standalone_mode=False)
     except SweepError as exc:
-        # Plain write: one line, never wrapped, whatever the terminal width.
-        sys.stderr.write(f"error: {exc}\n")
+        # Plain write: one line, never wrapped, whatever the terminal width (or the input's newlines).
+        sys.stderr.write(f"error: {one_line(str(exc))}\n")
         sys.exit(1)
     except KeyboardInterrupt:
         err.print("interrupted", markup=False)
         sys.exit(130)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except (typer.Abort,):
+    except typer.Abort:
         sys.exit(1)
     except Exception as exc:
         # Usage errors (typer's own click) arrive here with standalone_mode=False: show them as click would.
-        if hasattr(exc, "show") and isinstance(getattr(exc, "exit_code", None), int):
+        code = getattr(exc, "exit_code", None)
+        if hasattr(exc, "show") and isinstance(code, int):
             exc.show()
-            sys.exit(exc.exit_code)
+            sys.exit(code)
         raise

@@ -5,6 +5,38 @@ Anything else escaping to the CLI is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+from typing import Any
+
+# An error is one line of readable size, whatever the input held: a key with newlines or a
+# megabyte value must not flood the terminal (or leak a file's contents into a log).
+MAX_SHOWN = 80
+MAX_MESSAGE = 400
+MAX_FILE_SHOWN = 200
+
+
+def clip(value: Any, limit: int = MAX_SHOWN) -> str:
+    """`repr(value)` on one line, cut to `limit` characters."""
+    return _cut(one_line(repr(value)), limit)
+
+
+def one_line(text: str) -> str:
+    """Control characters (newlines included) escaped, so the text stays on one line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _cut_middle(text: str, limit: int) -> str:
+    # Paths: the start says where, the end says which file.
+    if len(text) <= limit:
+        return text
+    half = (limit - 1) // 2
+    return text[:half] + "…" + text[-half:]
+
 
 class SweepError(Exception):
     """A failure the user can act on; its message is one line."""
@@ -18,9 +50,10 @@ class ConfigError(SweepError):
         self.file, self.line, self.key, self.message = file, line, key, message
         where = ""
         if file:
-            where = f"{file}:{line}: " if line else f"{file}: "
-        what = f"{key}: " if key else ""
-        super().__init__(f"{where}{what}{message}")
+            shown = _cut_middle(one_line(file), MAX_FILE_SHOWN)
+            where = f"{shown}:{line}: " if line else f"{shown}: "
+        what = f"{_cut(one_line(key), MAX_SHOWN)}: " if key else ""
+        super().__init__(f"{where}{what}{_cut(one_line(message), MAX_MESSAGE)}")
 
 
 class InstallError(SweepError):
