@@ -100,19 +100,19 @@ def test_serve_values_true_false_null(tmp_path):
 
 @pytest.mark.parametrize("text,message", [
     (BASE + "axes:\n  commit: [v1]\nbogus: 1\n",
-     "m.yaml:5: bogus: unknown key; expected one of: name, description, model, suite, install, serve, env, "
-     "request, spec_config, gpus_per_cell, repeats, concurrency, timeouts, axes, exclude, include"),
+     ("m.yaml:5: bogus: unknown key; expected one of: name, description, model, suite, install, serve, env, "
+      "request, spec_config, gpus_per_cell, repeats, concurrency, timeouts, axes, exclude, include")),
     (BASE + "axes:\n  commit: []\n", "m.yaml:4: axes.commit: empty axis: expected at least one value"),
     (BASE + "axes:\n  colour: [red]\n",
-     "m.yaml:4: axes.colour: unknown axis; expected one of commit, spec_method, num_speculative_tokens, "
-     "async_scheduling, attention_backend or env.NAME, serve.--flag, request.field"),
+     ("m.yaml:4: axes.colour: unknown axis; expected one of commit, spec_method, num_speculative_tokens, "
+      "async_scheduling, attention_backend or env.NAME, serve.--flag, request.field")),
     (BASE + "axes:\n  num_speculative_tokens: [1, zero]\n",
      "m.yaml:4: axes.num_speculative_tokens[1]: expected a positive integer, got 'zero'"),
     (BASE + "axes:\n  commit: [v1]\n  async_scheduling: [yes-please]\n",
      "m.yaml:5: axes.async_scheduling[0]: expected true, false or null (the version's default), got 'yes-please'"),
     (BASE + "axes:\n  commit:\n    - 0012345\n",
      "m.yaml:5: axes.commit[0]: expected a commit, tag or branch as a string (quote shas and versions), got 5349"),
-    (BASE + "axes:\n  commit: [v1\n", "m.yaml:5: invalid YAML: expected ',' or ']', but got '<stream end>'"),
+    (BASE + "axes:\n  commit: [v1\n", "m.yaml:5: invalid YAML: did not find expected ',' or ']'"),
     (BASE + "gpus_per_cell: -1\naxes:\n  commit: [v1]\n",
      "m.yaml:3: gpus_per_cell: Input should be greater than or equal to 0, got -1"),
     (BASE + "install: {kind: docker}\naxes:\n  commit: [v1]\n",
