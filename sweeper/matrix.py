@@ -31,20 +31,49 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import os
 import re
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import pydantic
 
-from sweeper.errors import ConfigError
-from sweeper.yamlfile import PathKey, Positions, load, validate
+from sweeper.errors import clip
+from sweeper.yamlfile import PathKey, Positions, load, os_reason, path_problem, validate
 
 CORE_AXES = ("commit", "spec_method", "num_speculative_tokens", "async_scheduling", "attention_backend")
 GENERIC_PREFIXES = ("env.", "serve.", "request.")
 Scalar = str | int | float | bool | None
+
+# Upper bounds: a value past them is a typo (`repeats: 1e30`), never a plan anyone can run.
+MAX_REPEATS = 1000            # a multiplier of every case's own repeat
+MAX_CONCURRENCY = 4096
+MAX_GPUS_PER_CELL = 64
+MAX_SPECULATIVE_TOKENS = 128
+MAX_SECONDS = 30 * 86400.0
+MAX_CACHE_GB = 1e6
+MAX_CELLS = 10_000            # combinations of the axes, before exclude
+MAX_RULES = 1000              # exclude or include entries (each one is matched against every cell)
+MAX_VALUE_CHARS = 65_536      # any string in a matrix: they become argv and env of a server (and git's)
+MAX_KEY_CHARS = 256
+MAX_REF_CHARS = 255
+SIM_HISTORIES = ("demo", "bisect")  # `sim:<name>`: the simulator's `make-repo --scenario` choices
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# `--flag-name`, or vLLM's dotted form for one field of a JSON flag (`--compilation-config.mode`).
+SERVE_FLAG = re.compile(r"--[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*")
+REQUEST_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+# A branch, tag or sha as git takes it (`v0.28.0~3`, `origin/main`); never an option (`-…`).
+GIT_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/+@~^-]*")
+BACKEND = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+Count = Annotated[int, pydantic.Strict()]
+Number = Annotated[float, pydantic.Strict(), pydantic.Field(allow_inf_nan=False)]
+Seconds = Annotated[Number, pydantic.Field(gt=0, le=MAX_SECONDS)]
 
 
 class _Strict(pydantic.BaseModel):
@@ -74,13 +103,13 @@ class Install(_Strict):
     remove: tuple[str, ...] = ()
     # Environment cache: where per-commit environments live and how much disk they may use.
     cache_dir: str | None = None
-    cache_max_gb: float = 200.0
+    cache_max_gb: Annotated[Number, pydantic.Field(gt=0, le=MAX_CACHE_GB)] = 200.0
 
 
 class Timeouts(_Strict):
-    startup_s: float = pydantic.Field(600.0, gt=0)
-    request_s: float = pydantic.Field(120.0, gt=0)
-    group_s: float | None = pydantic.Field(None, gt=0)
+    startup_s: Seconds = 600.0
+    request_s: Seconds = 120.0
+    group_s: Seconds | None = None
 
 
 class MatrixFile(_Strict):
@@ -88,7 +117,7 @@ class MatrixFile(_Strict):
 
     name: str | None = None
     description: str | None = None
-    model: str
+    model: str = pydantic.Field(min_length=1)
     # One suite file, or several whose cases are sent together (case ids get the suite name).
     suite: str | list[str]
     install: Install = Install()
@@ -96,9 +125,9 @@ class MatrixFile(_Strict):
     env: dict[str, Scalar] = {}
     request: dict[str, Any] = {}
     spec_config: dict[str, dict[str, Any]] = {}
-    gpus_per_cell: float = pydantic.Field(1, ge=0)
-    repeats: int = pydantic.Field(1, ge=1)
-    concurrency: int = pydantic.Field(8, ge=1)
+    gpus_per_cell: Annotated[Number, pydantic.Field(ge=0, le=MAX_GPUS_PER_CELL)] = 1
+    repeats: Annotated[Count, pydantic.Field(ge=1, le=MAX_REPEATS)] = 1
+    concurrency: Annotated[Count, pydantic.Field(ge=1, le=MAX_CONCURRENCY)] = 8
     timeouts: Timeouts = Timeouts()
     axes: dict[str, list[Any]]
     exclude: list[dict[str, Any]] = []
@@ -195,11 +224,37 @@ def _check_axis_name(name: str, pos: Positions, path: PathKey) -> None:
         return
     for prefix in GENERIC_PREFIXES:
         if name.startswith(prefix) and len(name) > len(prefix):
-            if prefix == "serve." and not name[len(prefix):].startswith("--"):
+            rest = name[len(prefix):]
+            if prefix == "serve." and not rest.startswith("--"):
                 raise pos.error(path, "serve axes name a flag: expected serve.--flag-name")
+            problem = {"env.": _env_name_problem, "serve.": _flag_problem, "request.": _field_problem}[prefix](rest)
+            if problem:
+                raise pos.error(path, problem)
             return
     raise pos.error(path, f"unknown axis; expected one of {', '.join(CORE_AXES)} or env.NAME, "
                           "serve.--flag, request.field")
+
+
+def _env_name_problem(name: str) -> str | None:
+    if ENV_NAME.fullmatch(name):
+        return None
+    return f"expected an environment variable name (letters, digits, _; not starting with a digit), got {clip(name)}"
+
+
+def _flag_problem(flag: str) -> str | None:
+    if SERVE_FLAG.fullmatch(flag):
+        return None
+    return f"expected a flag name such as --max-model-len (letters, digits, - and _ after --), got {clip(flag)}"
+
+
+def _field_problem(name: str) -> str | None:
+    if REQUEST_FIELD.fullmatch(name):
+        return None
+    if "." in name and all(REQUEST_FIELD.fullmatch(p) for p in name.split(".")):
+        top, rest = name.split(".", 1)
+        return (f"a request field is top-level ({clip(name)} would be sent as one field of that name); for "
+                f"{rest} inside {top}, give objects: request.{top}: [{{{rest.split('.')[0]}: ...}}]")
+    return f"expected a request body field name (letters, digits, _ and -), got {clip(name)}"
 
 
 def _coerce(axis: str, value: Any, pos: Positions, path: PathKey) -> Any:
@@ -207,25 +262,33 @@ def _coerce(axis: str, value: Any, pos: Positions, path: PathKey) -> Any:
     if axis == "commit":
         if not isinstance(value, str) or not value:
             raise pos.error(path, f"expected a commit, tag or branch as a string (quote shas and versions), "
-                                  f"got {value!r}")
+                                  f"got {clip(value)}")
+        if len(value) > MAX_REF_CHARS:
+            raise pos.error(path, f"expected a commit, tag or branch of at most {MAX_REF_CHARS} characters, "
+                                  f"got {len(value):,}")
+        if not GIT_REF.fullmatch(value) or ".." in value:
+            raise pos.error(path, f"expected a commit, tag or branch (letters, digits and . _ / + @ ~ ^ -, "
+                                  f"not starting with -), got {clip(value)}")
         return value
     if axis == "spec_method":
         if value is None or value is False:
             return "none"
         if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9_\-]+", value):
-            raise pos.error(path, f"expected a speculative method name (none, ngram, mtp, eagle3, ...), got {value!r}")
+            raise pos.error(path, f"expected a speculative method name (none, ngram, mtp, eagle3, ...), got {clip(value)}")
         return value
     if axis == "num_speculative_tokens":
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise pos.error(path, f"expected a positive integer, got {value!r}")
+            raise pos.error(path, f"expected a positive integer, got {clip(value)}")
+        if value > MAX_SPECULATIVE_TOKENS:
+            raise pos.error(path, f"expected at most {MAX_SPECULATIVE_TOKENS} speculative tokens, got {clip(value)}")
         return value
     if axis == "async_scheduling":
         if value is not None and not isinstance(value, bool):
-            raise pos.error(path, f"expected true, false or null (the version's default), got {value!r}")
+            raise pos.error(path, f"expected true, false or null (the version's default), got {clip(value)}")
         return value
     if axis == "attention_backend":
-        if value is not None and not isinstance(value, str):
-            raise pos.error(path, f"expected a backend name such as FLASH_ATTN, or null, got {value!r}")
+        if value is not None and not (isinstance(value, str) and BACKEND.fullmatch(value)):
+            raise pos.error(path, f"expected a backend name such as FLASH_ATTN, or null, got {clip(value)}")
         return value
     if axis.startswith("env."):
         if value is None:
@@ -234,10 +297,10 @@ def _coerce(axis: str, value: Any, pos: Positions, path: PathKey) -> Any:
             return "1" if value else "0"
         if isinstance(value, (str, int, float)):
             return str(value)
-        raise pos.error(path, f"expected a string (or null to unset), got {value!r}")
+        raise pos.error(path, f"expected a string (or null to unset), got {clip(value)}")
     if axis.startswith("serve."):
         if isinstance(value, (list,)):
-            raise pos.error(path, f"expected a flag value (scalar or mapping), got a list {value!r}")
+            raise pos.error(path, f"expected a flag value (scalar or mapping), got a list {clip(value)}")
         return value
     return value  # request fields: any JSON value
 
@@ -252,11 +315,15 @@ def _parse_axes(spec: MatrixFile, pos: Positions) -> tuple[tuple[str, tuple[Any,
         seen: set[str] = set()
         for i, v in enumerate(coerced):
             if canonical(v) in seen:
-                raise pos.error(("axes", name, i), f"duplicate value {v!r}")
+                raise pos.error(("axes", name, i), f"duplicate value {clip(v)}")
             seen.add(canonical(v))
         axes.append((name, coerced))
     if not axes:
         raise pos.error(("axes",), "expected at least one axis")
+    combinations = math.prod(len(values) for _, values in axes)
+    if combinations > MAX_CELLS:
+        raise pos.error(("axes",), f"the axes make {combinations:,} combinations; at most {MAX_CELLS:,} "
+                                   "(split the matrix)")
     return tuple(axes)
 
 
@@ -392,22 +459,88 @@ def load_matrix(path: str | Path) -> Matrix:
 def parse_matrix(data: Any, pos: Positions, path: str) -> Matrix:
     if not isinstance(data, dict):
         raise pos.error((), "expected a mapping with model, suite and axes")
+    _check_strings(data, pos)
     spec = validate(MatrixFile, data, pos)
-    for flag in spec.serve:
-        if not flag.startswith("--"):
-            raise pos.error(("serve", flag), "expected a flag name starting with --")
+    _check_settings(spec, pos)
     axes = _parse_axes(spec, pos)
     names = {n for n, _ in axes}
+    for kind in ("exclude", "include"):
+        if len(getattr(spec, kind)) > MAX_RULES:
+            raise pos.error((kind,), f"{len(getattr(spec, kind)):,} rules; at most {MAX_RULES:,}")
     exclude = _parse_rules("exclude", spec.exclude, names, pos)
     include = _parse_rules("include", spec.include, names, pos)
+    if spec.install.kind == "preinstalled":
+        commits = next((values for name, values in axes if name == "commit"), ())
+        if len(commits) > 1:
+            raise pos.error(("axes", "commit"), f"a preinstalled vLLM is one commit, but the commit axis has "
+                                                f"{len(commits)} values")
     cells = expand(spec, axes, exclude, include)
     if not cells:
         raise pos.error(("exclude",), "every combination is excluded: the matrix has no cells")
-    matrix = Matrix(path=path, spec=spec, axes=axes, cells=cells, raw=data)
-    if not matrix.suite_paths:
+    _check_suites(spec, pos, path)
+    return Matrix(path=path, spec=spec, axes=axes, cells=cells, raw=data)
+
+
+def _check_strings(data: Any, pos: Positions) -> None:
+    """Every key and string of the file: bounded, and without NUL (they end up in argv and env)."""
+    todo: list[tuple[PathKey, Any]] = [((), data)]
+    while todo:
+        path, value = todo.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if len(key) > MAX_KEY_CHARS:
+                    raise pos.error((*path, key), f"key too long ({len(key):,} characters; at most {MAX_KEY_CHARS})")
+                if "\0" in key:
+                    raise pos.error((*path, key), "the key contains a NUL character")
+                todo.append(((*path, key), item))
+        elif isinstance(value, list):
+            todo.extend(((*path, i), item) for i, item in enumerate(value))
+        elif isinstance(value, str):
+            if len(value) > MAX_VALUE_CHARS:
+                raise pos.error(path, f"value too long ({len(value):,} characters; at most {MAX_VALUE_CHARS:,})")
+            if "\0" in value:
+                raise pos.error(path, "the value contains a NUL character")
+
+
+def _check_settings(spec: MatrixFile, pos: Positions) -> None:
+    for flag in spec.serve:
+        if not flag.startswith("--"):
+            raise pos.error(("serve", flag), "expected a flag name starting with --")
+        if problem := _flag_problem(flag):
+            raise pos.error(("serve", flag), problem)
+    for name in spec.env:
+        if problem := _env_name_problem(name):
+            raise pos.error(("env", name), problem)
+    for name in spec.request:
+        if problem := _field_problem(name):
+            raise pos.error(("request", name), problem)
+    repo = spec.install.repo
+    if repo is not None and repo.startswith("sim:") and repo[4:] not in ("", *SIM_HISTORIES):
+        raise pos.error(("install", "repo"), f"unknown simulated history {clip(repo)}; expected one of "
+                                             f"{', '.join('sim:' + h for h in SIM_HISTORIES)}")
+
+
+def _check_suites(spec: MatrixFile, pos: Positions, path: str) -> None:
+    names = [spec.suite] if isinstance(spec.suite, str) else spec.suite
+    if not names:
         raise pos.error(("suite",), "expected a suite file or a list of them")
-    for i, suite_path in enumerate(matrix.suite_paths):
-        if not suite_path.exists():
-            where = ("suite",) if isinstance(spec.suite, str) else ("suite", i)
-            raise pos.error(where, f"suite file not found: {suite_path}")
-    return matrix
+    seen: dict[str, int] = {}
+    for i, name in enumerate(names):
+        where: PathKey = ("suite",) if isinstance(spec.suite, str) else ("suite", i)
+        if problem := path_problem(name):
+            raise pos.error(where, f"{problem}; expected a suite file")
+        try:
+            suite_path = resolve_path(path, name)
+            info = os.stat(suite_path)
+            real = os.path.realpath(suite_path)
+        except FileNotFoundError:
+            raise pos.error(where, f"suite file not found: {resolve_path(path, name)}") from None
+        except OSError as exc:
+            raise pos.error(where, f"cannot read suite file {clip(name)}: {os_reason(exc)}") from None
+        except (RuntimeError, ValueError) as exc:  # `~nobody/x`: no such home directory
+            raise pos.error(where, f"cannot resolve suite file {clip(name)}: {exc}") from None
+        if not stat.S_ISREG(info.st_mode):
+            raise pos.error(where, f"suite file {suite_path} is not a regular file")
+        if real in seen:
+            raise pos.error(where, f"the same suite file is listed twice (also suite[{seen[real]}])")
+        seen[real] = i

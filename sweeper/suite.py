@@ -43,6 +43,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -53,10 +54,12 @@ import pydantic
 
 from sweeper import checks as checks_mod
 from sweeper.checks import CheckSpec
-from sweeper.errors import ConfigError
-from sweeper.yamlfile import PathKey, Positions, dotted, load, validate
+from sweeper.errors import ConfigError, clip
+from sweeper.yamlfile import PathKey, Positions, dotted, jsonl_lines, load, parse_json, read_text, validate
 
 _SLUG = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+MAX_ID_CHARS = 128
+MAX_REPEAT = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,7 @@ class _Strict(pydantic.BaseModel):
 
 
 class _Defaults(_Strict):
-    repeat: int = pydantic.Field(1, ge=1)
+    repeat: int = pydantic.Field(1, ge=1, le=MAX_REPEAT)
     checks: list[Any] = ["http_ok"]
     body: dict[str, Any] = {}
 
@@ -110,25 +113,25 @@ class _Tool(_Strict):
 
 
 class _CaseIn(_Strict):
-    id: str = pydantic.Field(pattern=_SLUG)
+    id: str = pydantic.Field(pattern=_SLUG, max_length=MAX_ID_CHARS)
     body: dict[str, Any] = {}  # a missing body is reported as missing body.messages
     schema_file: str | None = None
     tools: list[_Tool] | None = None
-    repeat: int | None = pydantic.Field(None, ge=1)
+    repeat: int | None = pydantic.Field(None, ge=1, le=MAX_REPEAT)
     checks: list[Any] | None = None
     extra_checks: list[Any] = []
 
 
 class _JsonlIn(_Strict):
     file: str
-    id_prefix: str | None = pydantic.Field(None, pattern=_SLUG)
-    repeat: int | None = pydantic.Field(None, ge=1)
+    id_prefix: str | None = pydantic.Field(None, pattern=_SLUG, max_length=MAX_ID_CHARS)
+    repeat: int | None = pydantic.Field(None, ge=1, le=MAX_REPEAT)
     checks: list[Any] | None = None
     extra_checks: list[Any] = []
 
 
 class _SuiteIn(_Strict):
-    name: str | None = pydantic.Field(None, pattern=_SLUG)
+    name: str | None = pydantic.Field(None, pattern=_SLUG, max_length=MAX_ID_CHARS)
     description: str = ""
     defaults: _Defaults | None = None
     cases: list[_CaseIn] = []
@@ -142,9 +145,12 @@ def load_suite(path: str | Path) -> Suite:
     data, pos = load(path)
     if data is None:
         raise ConfigError("empty file; expected a suite mapping with `cases:` or `jsonl:`", file=str(path))
-    if isinstance(data, dict):
-        # Top-level `x-…` keys are ignored: a place to define YAML anchors (`&tool_checks`) for reuse.
-        data = {k: v for k, v in data.items() if not k.startswith("x-")}
+    if not isinstance(data, dict):
+        # Only its kind: the file may be anything (`/etc/passwd`), and its contents are not ours to print.
+        kind = "a list" if isinstance(data, list) else "a single value"
+        raise ConfigError(f"expected a suite mapping with `cases:` or `jsonl:`, got {kind}", file=str(path), line=1)
+    # Top-level `x-…` keys are ignored: a place to define YAML anchors (`&tool_checks`) for reuse.
+    data = {k: v for k, v in data.items() if not k.startswith("x-")}
     raw = validate(_SuiteIn, data, pos)
     defaults = raw.defaults or _Defaults.model_validate({})
     loader = _Loader(Path(path), pos)
@@ -177,6 +183,21 @@ def _digest(cases: list[Case]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _not_finite(body: Any) -> str | None:
+    """The top-level field of `body` holding an infinite or NaN float, if any (YAML has them, JSON not)."""
+    for field, value in body.items():
+        todo = [value]
+        while todo:
+            item = todo.pop()
+            if isinstance(item, float) and not math.isfinite(item):
+                return str(field)
+            if isinstance(item, dict):
+                todo.extend(item.values())
+            elif isinstance(item, list):
+                todo.extend(item)
+    return None
+
+
 def _stem_slug(path: Path) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "-", path.stem).strip("-._") or "suite"
 
@@ -199,7 +220,8 @@ class _Loader:
             elif isinstance(entry, dict) and len(entry) == 1:
                 name, params = next(iter(entry.items()))
             else:
-                raise self.pos.error((*key, j), f"expected a check name or {{name: {{param: value}}}}, got {entry!r}")
+                raise self.pos.error((*key, j), f"expected a check name or {{name: {{param: value}}}}, got "
+                                                f"{clip(entry)}")
             try:
                 out.append(checks_mod.parse_spec(name, params))
             except ValueError as exc:
@@ -216,6 +238,8 @@ class _Loader:
 
         if "model" in body and jsonl_file is None:
             raise fail("model", "not allowed in a suite; the runner sets the model of each matrix cell")
+        if where := _not_finite(body):
+            raise fail(where, "expected a finite number (JSON has no .inf or .nan)")
         if not partial:
             messages = body.get("messages")
             if messages is None:
@@ -227,7 +251,7 @@ class _Loader:
             raise fail("response_format", f"json_schema.schema is not a valid JSON schema: {problem}")
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
-            raise fail("tools", f"expected a list of tools, got {tools!r}")
+            raise fail("tools", f"expected a list of tools, got {clip(tools)}")
         for name, params in checks_mod.request_tools(body).items():
             if params is not None and (problem := checks_mod.schema_problem(params)):
                 raise fail("tools", f"parameters of tool {name!r} are not a valid JSON schema: {problem}")
@@ -238,20 +262,19 @@ class _Loader:
             if problem:
                 raise fail(f"check {spec.name} cannot apply: {problem}")
 
+    def read(self, file: Path, key: PathKey) -> str:
+        """A file the suite names; a failure to read it is reported at the key that names it."""
+        try:
+            return read_text(file)
+        except ConfigError as exc:
+            if exc.message == "no such file":
+                raise self.pos.error(key, f"no such file: {file}") from None
+            raise self.pos.error(key, f"cannot use {file}: {exc.message}") from None
+
     def read_json(self, rel: str, key: PathKey) -> Any:
         file = self.path.parent / rel
         if file not in self._json_cache:
-            try:
-                text = file.read_text(encoding="utf-8")
-            except FileNotFoundError:
-                raise self.pos.error(key, f"no such file: {file}") from None
-            except (OSError, UnicodeDecodeError) as exc:
-                raise self.pos.error(key, f"cannot read {file}: {exc}") from None
-            try:
-                self._json_cache[file] = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"invalid JSON: {exc.msg} (column {exc.colno})", file=str(file),
-                                  line=exc.lineno) from None
+            self._json_cache[file] = parse_json(self.read(file, key), str(file))
         return self._json_cache[file]
 
     def read_schema(self, rel: str, key: PathKey) -> Any:
@@ -290,23 +313,13 @@ class _Loader:
     def jsonl_cases(self, j: _JsonlIn, key: PathKey, defaults: _Defaults,
                     default_checks: tuple[CheckSpec, ...]) -> list[Case]:
         file = self.path.parent / j.file
-        try:
-            lines = file.read_text(encoding="utf-8").splitlines()
-        except FileNotFoundError:
-            raise self.pos.error((*key, "file"), f"no such file: {file}") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise self.pos.error((*key, "file"), f"cannot read {file}: {exc}") from None
+        lines = jsonl_lines(self.read(file, (*key, "file")))
         own = self.checks(j.checks, (*key, "checks")) if j.checks is not None else None
         specs = (own if own is not None else default_checks) + self.checks(j.extra_checks, (*key, "extra_checks"))
         prefix = j.id_prefix or _stem_slug(file)
         out = []
-        for n, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                body = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"invalid JSON: {exc.msg} (column {exc.colno})", file=str(file), line=n) from None
+        for n, line in lines:
+            body = parse_json(line, str(file), n)
             if not isinstance(body, dict):
                 raise ConfigError(f"expected a JSON object (a chat-completions request body), got "
                                   f"{type(body).__name__}", file=str(file), line=n)
