@@ -6,8 +6,8 @@ from typing import Any
 
 import click
 import pytest
-from typer.testing import CliRunner
 from typer.main import get_command
+from typer.testing import CliRunner
 
 from sweeper.cli import app
 
