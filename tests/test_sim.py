@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import signal
@@ -24,6 +25,8 @@ import jsonschema
 import pytest
 import yaml
 
+from sweeper.sim import args, config, tree
+from sweeper.sim.behaviour import START_SEED_ENV, Behaviour
 from sweeper.sim.instance import instance
 
 SIM = [sys.executable, "-m", "sweeper.sim"]
@@ -125,7 +128,22 @@ def wait_healthy(sim: Sim, deadline_s: float = 15.0) -> float:
     raise AssertionError(f"simulator not healthy after {deadline_s}s:\n{sim.log()}")
 
 
-SCHEMAS = sorted(Path("/work/shared/data/jsonschemabench").glob("*.json"))
+# The repository's own copies of real-world schemas (JSONSchemaBench), wherever it is checked out.
+def wait_for_log(sim: Sim, text: str, count: int = 1, deadline_s: float = 30.0) -> str:
+    """The log once `text` appears in it `count` times (a deadline, not a speed check)."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        log = sim.log()
+        if log.count(text) >= count or sim.proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    log = sim.log()
+    assert log.count(text) >= count, log
+    return log
+
+
+SCHEMA_DIR = Path(__file__).resolve().parent.parent / "suites" / "schemas"
+SCHEMAS = sorted(SCHEMA_DIR.glob("*.json"))
 MTP = ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 4}']
 ARRAY_SCHEMA = {
     "type": "object",
@@ -156,8 +174,10 @@ def bug_tree(*bugs: dict[str, Any], **top: Any) -> dict[str, Any]:
 # --- the instance generator, in-process -------------------------------------------------------
 
 
-def test_the_bench_holds_48_schemas() -> None:
-    assert len(SCHEMAS) == 48
+def test_the_repository_schemas_are_found() -> None:
+    # The tests below iterate over SCHEMAS: an empty list would let them pass having checked nothing.
+    assert len(SCHEMAS) >= 20, SCHEMA_DIR
+    assert (SCHEMA_DIR / "Glaiveai2K--calculate_area_4c3f5d87.json") in SCHEMAS
 
 
 @pytest.mark.parametrize("path", SCHEMAS, ids=lambda p: p.stem)
@@ -202,13 +222,19 @@ def test_generator_handles_refs_one_of_patterns_and_bounds() -> None:
 
 
 def test_health_is_refused_during_the_declared_startup_then_200(tmp_path: Path) -> None:
-    with sim_server(tmp_path, sim_yaml={**FAST, "startup_s": 1.0}, wait=False) as sim:
-        time.sleep(0.5)
+    with sim_server(tmp_path, sim_yaml={**FAST, "startup_s": 60.0}, wait=False) as sim:
+        # The last configuration line comes just before the declared start-up begins; a minute
+        # later nothing may listen yet, however slow the machine.
+        wait_for_log(sim, "Model loading took")
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"{sim.url}/health", timeout=1)
-        elapsed = wait_healthy(sim) + 0.5
-        assert 0.9 <= elapsed < 3.0
+        sim.proc.send_signal(signal.SIGTERM)
+        assert sim.proc.wait(timeout=10) == 0
+        assert "Shutting down before start-up completed." in sim.log()
+    with sim_server(tmp_path, sim_yaml={**FAST, "startup_s": 1.0}) as sim:
+        assert httpx.get(f"{sim.url}/health", timeout=5).status_code == 200
         log = sim.log()
+    assert "init engine (profile, create kv cache, warmup model) took 1.00 seconds" in log
     assert f"Starting vLLM API server 0 on {sim.url}" in log
     assert "INFO:     Application startup complete." in log
 
@@ -269,7 +295,8 @@ def test_text_json_object_request_ids_and_errors(tmp_path: Path) -> None:
     assert "--enable-auto-tool-choice" in auto.json()["error"]["message"]
 
 
-def test_structured_output_is_valid_for_all_48_real_schemas(tmp_path: Path) -> None:
+def test_structured_output_is_valid_for_every_real_schema(tmp_path: Path) -> None:
+    checked = 0
     with sim_server(tmp_path, sim_yaml=FAST) as sim:
         for path in SCHEMAS:
             schema = json.loads(path.read_text())
@@ -278,10 +305,12 @@ def test_structured_output_is_valid_for_all_48_real_schemas(tmp_path: Path) -> N
             assert choice["finish_reason"] == "stop", path.name
             value = json.loads(choice["message"]["content"])
             jsonschema.validators.validator_for(schema)(schema).validate(value)
+            checked += 1
+    assert checked == len(SCHEMAS) >= 20
 
 
 def test_tool_calls_have_arguments_valid_for_the_tool(tmp_path: Path) -> None:
-    calc = json.loads((SCHEMAS[0].parent / "Glaiveai2K--calculate_area_4c3f5d87.json").read_text())
+    calc = json.loads((SCHEMA_DIR / "Glaiveai2K--calculate_area_4c3f5d87.json").read_text())
     tools = [
         {"type": "function", "function": {"name": "noop", "parameters": {"type": "object"}}},
         {"type": "function", "function": {"name": "calculate_area", "parameters": calc}},
@@ -397,7 +426,8 @@ FSM = {"id": "fsm", "effect": "fsm_whitespace", "when": {"spec_method": ["mtp"],
 def test_fsm_whitespace_cuts_json_after_the_array_colon_and_logs_the_id(tmp_path: Path) -> None:
     with sim_server(tmp_path, *MTP, sim_yaml=bug_tree(FSM)) as sim:
         broken = sim.chat(json_request(max_tokens=64), headers={"X-Request-Id": "r1"}).json()
-        plain = sim.chat({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20}).json()
+        # Room for any plain answer (at most 60 tokens): only the bug could make it end "length".
+        plain = sim.chat({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 200}).json()
         log = sim.log()
     choice = broken["choices"][0]
     content = choice["message"]["content"]
@@ -409,7 +439,8 @@ def test_fsm_whitespace_cuts_json_after_the_array_colon_and_logs_the_id(tmp_path
         r"chatcmpl-r1 for tokens (71093|2164|271)\. Please file an issue\.",
         log,
     )
-    assert plain["choices"][0]["finish_reason"] in ("stop", "length")  # text requests are not affected
+    assert plain["choices"][0]["finish_reason"] == "stop"  # text requests are not affected
+    assert plain["choices"][0]["message"]["content"].strip()
     assert log.count("Failed to advance FSM") == 1
 
 
@@ -468,22 +499,109 @@ def test_thinking_budget_ignored(tmp_path: Path) -> None:
     assert fine["choices"][0]["token_ids"][0] == 248069 and fine["choices"][0]["finish_reason"] == "stop"
 
 
-def _outcomes(tmp_path: Path, seed: str, repeats: int = 30) -> list[bool]:
-    rated = {**FSM, "rate": 0.33}
-    with sim_server(tmp_path, *MTP, "--seed", seed, sim_yaml=bug_tree(rated)) as sim:
-        return [
-            sim.chat(json_request(max_tokens=40)).json()["choices"][0]["finish_reason"] == "length"
-            for _ in range(repeats)
-        ]
+def _hits(sim: Sim, repeats: int) -> list[bool]:
+    """For each of `repeats` sends of one JSON request: did the FSM bug cut it?
+
+    Every answer must be either whole and valid or the bug's cut, so a count of hits is a count of
+    bites and nothing else.
+    """
+    hits = []
+    for _ in range(repeats):
+        choice = sim.chat(json_request()).json()["choices"][0]
+        content = choice["message"]["content"]
+        if choice["finish_reason"] == "stop":
+            jsonschema.validate(json.loads(content), ARRAY_SCHEMA)
+            hits.append(False)
+        else:
+            assert choice["finish_reason"] == "length" and content.rstrip().endswith('"items":'), choice
+            hits.append(True)
+    return hits
+
+
+def _start(
+    tmp_path: Path, bug: dict[str, Any], *, seed: str = "0", start_seed: str = "", repeats: int = 30
+) -> tuple[list[float], list[bool]]:
+    """One server start: the per-start rates it logged and which of the repeats the bug hit."""
+    with sim_server(
+        tmp_path, *MTP, "--seed", seed, sim_yaml=bug_tree(bug), env={START_SEED_ENV: start_seed}
+    ) as sim:
+        hits = _hits(sim, repeats)
+        log = sim.log()
+    assert log.count("Failed to advance FSM") == sum(hits)
+    return [float(r) for r in DRAWN.findall(log)], hits
+
+
+DRAWN = re.compile(
+    r"\(EngineCore_DP0 pid=\d+\) INFO \d\d-\d\d [\d:]+ \[behaviour\.py:\d+\] Simulated bug fsm: "
+    r"rate ([01]\.\d{6}) for this server start, drawn from Beta\(mean=0\.3, sd=0\.25\)"
+)
+SPREAD = {**FSM, "rate": 0.3, "rate_sd": 0.25}
 
 
 def test_rate_based_bug_is_flaky_across_repeats_and_reproducible_across_restarts(tmp_path: Path) -> None:
-    first = _outcomes(tmp_path, "0")
-    again = _outcomes(tmp_path, "0")
-    other = _outcomes(tmp_path, "7")
+    rated = {**FSM, "rate": 0.33}
+    # Different start seeds: without rate_sd a start's nonce must not change any outcome.
+    drawn, first = _start(tmp_path, rated, start_seed="start-1")
+    _, again = _start(tmp_path, rated, start_seed="start-9")
+    _, other = _start(tmp_path, rated, seed="7")
+    assert drawn == []  # no per-start line without rate_sd
     assert first == again
     assert 3 <= sum(first) <= 20  # about a third of 30, never all or none
     assert other != first
+
+
+def _consistent(hits: int, n: int, rate: float) -> bool:
+    """Within three binomial standard deviations (plus one for rounding) of n * rate."""
+    return abs(hits - n * rate) <= 3 * math.sqrt(n * rate * (1 - rate)) + 1
+
+
+def test_rate_sd_draws_one_rate_per_server_start(tmp_path: Path) -> None:
+    n = 60
+    # Two start seeds whose draws land far apart around the mean 0.3 (about 0.07 and 0.55), so the
+    # counts over the same 60 requests differ for sure, and neither is consistent with 0.3 itself.
+    (low,), low_hits = _start(tmp_path, SPREAD, start_seed="start-1", repeats=n)
+    (high,), high_hits = _start(tmp_path, SPREAD, start_seed="start-9", repeats=n)
+    assert low < 0.15 and high > 0.45
+    assert sum(low_hits) < sum(high_hits)
+    for rate, hits in ((low, low_hits), (high, high_hits)):
+        assert _consistent(sum(hits), n, rate), (rate, sum(hits))
+        assert not _consistent(sum(hits), n, 0.3), (rate, sum(hits))
+    # The same start seed replays that start exactly: rate and outcomes.
+    again, again_hits = _start(tmp_path, SPREAD, start_seed="start-1", repeats=n)
+    assert again == [low] and again_hits == low_hits
+
+
+def test_rate_sd_starts_draw_independently_without_a_start_seed(tmp_path: Path) -> None:
+    (first,), _ = _start(tmp_path, SPREAD, repeats=1)
+    (second,), _ = _start(tmp_path, SPREAD, repeats=1)
+    assert first != second and 0 < first < 1 and 0 < second < 1
+
+
+def _behaviours(sim_yaml: dict[str, Any], nonces: list[str]) -> list[Behaviour]:
+    t = tree.parse(sim_yaml)
+    cfg = config.resolve(args.parse(["Qwen/Qwen3-8B", *MTP], t.release), {}, t).config
+    assert cfg is not None
+    return [Behaviour(t, cfg, nonce=nonce) for nonce in nonces]
+
+
+def test_rate_sd_draws_follow_the_declared_mean_and_sd() -> None:
+    rates = [b.rates[0] for b in _behaviours(bug_tree(SPREAD), [str(i) for i in range(3000)])]
+    mean = sum(rates) / len(rates)
+    sd = math.sqrt(sum((r - mean) ** 2 for r in rates) / len(rates))
+    assert abs(mean - 0.3) < 0.015 and abs(sd - 0.25) < 0.015, (mean, sd)
+    (plain,) = _behaviours(bug_tree({**FSM, "rate": 0.3}), ["x"])
+    assert plain.rates == (0.3,) and plain.start_lines() == []
+
+
+@pytest.mark.parametrize(
+    ("rate", "rate_sd"),
+    [(0.3, 0.46), (0.3, 0.5), (1.0, 0.1), (0.0, 0.1), (0.3, -0.1), (0.3, "wide")],
+)
+def test_rate_sd_without_a_beta_is_refused_with_the_key_named(rate: float, rate_sd: Any) -> None:
+    with pytest.raises(tree.TreeError, match=r"bugs\[0\]\.rate_sd: "):
+        tree.parse(bug_tree({**FSM, "rate": rate, "rate_sd": rate_sd}))
+    assert tree.parse(bug_tree({**FSM, "rate": 0.3, "rate_sd": 0.45})).bugs[0].rate_sd == 0.45
+    assert tree.parse(bug_tree({**FSM, "rate": 0.3, "rate_sd": 0})).bugs[0].rate_sd == 0.0
 
 
 def test_crash_after_n_requests(tmp_path: Path) -> None:
@@ -586,13 +704,11 @@ def _git(repo: Path, *argv: str) -> str:
 
 def test_make_repo_bisect_plants_culprit_broken_installs_and_fix(tmp_path: Path) -> None:
     repo = tmp_path / "vllm"
-    start = time.monotonic()
     out = run_sim(
         ["make-repo", str(repo), "--scenario", "bisect", "--commits", "250", "--seed", "3", "--json"],
         tmp_path,
     )
     assert out.returncode == 0, out.stderr
-    assert time.monotonic() - start < 5
     plan = json.loads(out.stdout)
     assert plan == json.loads((repo / ".git" / "sim-plan.json").read_text())
     shas = _git(repo, "rev-list", "--first-parent", "--reverse", "main").split()
@@ -638,6 +754,8 @@ def test_make_repo_demo_then_serve_its_commits(tmp_path: Path) -> None:
         "silent_whitespace",
         "thinking_budget_ignored",
     }
+    assert all(b["rate_sd"] == 0.0 for b in plan["bugs"])
+    assert all("rate_sd" not in b for b in yaml.safe_load((repo / "sim.yaml").read_text())["bugs"])
     worktree = tmp_path / "at-culprit"
     _git(repo, "worktree", "add", "-q", "--detach", str(worktree), plan["culprit"]["sha"])
     version = run_sim(["--version"], tmp_path, env={"SWEEP_SIM_TREE": str(worktree)})
@@ -650,6 +768,35 @@ def test_make_repo_demo_then_serve_its_commits(tmp_path: Path) -> None:
     assert "length" in finishes and "stop" in finishes
 
 
+def test_make_repo_rate_sd_plants_per_start_variation(tmp_path: Path) -> None:
+    repo = tmp_path / "demo"
+    out = run_sim(["make-repo", str(repo), "--rate-sd", "0.2", "--json"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    by_id = {b["id"]: b for b in plan["bugs"]}
+    assert by_id["fsm-whitespace"]["rate"] == 0.33 and by_id["fsm-whitespace"]["rate_sd"] == 0.2
+    assert by_id["silent-whitespace"]["rate_sd"] == 0.2
+    assert by_id["thinking-budget-ignored"]["rate_sd"] == 0.0  # rate 1: nothing to vary
+    at_culprit = yaml.safe_load(_git(repo, "show", f"{plan['culprit']['sha']}:sim.yaml"))
+    fsm = by_id["fsm-whitespace"]
+    assert at_culprit["bugs"] == [
+        {"id": "fsm-whitespace", "effect": "fsm_whitespace", "when": fsm["when"], "rate": 0.33, "rate_sd": 0.2}
+    ]
+    head = yaml.safe_load((repo / "sim.yaml").read_text())
+    assert [b.get("rate_sd") for b in head["bugs"]] == [0.2, None]
+    worktree = tmp_path / "at-culprit"
+    _git(repo, "worktree", "add", "-q", "--detach", str(worktree), plan["culprit"]["sha"])
+    with sim_server(tmp_path, *MTP, env={"SWEEP_SIM_TREE": str(worktree)}) as sim:
+        log = sim.log()
+    assert re.search(
+        r"\[behaviour\.py:\d+\] Simulated bug fsm-whitespace: rate [01]\.\d{6} for this server start, "
+        r"drawn from Beta\(mean=0\.33, sd=0\.2\)",
+        log,
+    )
+    too_wide = run_sim(["make-repo", str(tmp_path / "wide"), "--rate-sd", "0.45"], tmp_path)
+    assert too_wide.returncode == 1 and "--rate-sd 0.45 for bug silent-whitespace" in too_wide.stderr
+
+
 def test_make_repo_refuses_a_non_empty_directory(tmp_path: Path) -> None:
     (tmp_path / "x").mkdir()
     (tmp_path / "x" / "f").write_text("")
@@ -660,15 +807,20 @@ def test_make_repo_refuses_a_non_empty_directory(tmp_path: Path) -> None:
 def test_concurrent_requests_are_served_in_parallel(tmp_path: Path) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    ask = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 20, "temperature": 0}
-    with sim_server(tmp_path, sim_yaml={**FAST, "token_latency_s": 0.01}) as sim:
-        limits = httpx.Limits(max_connections=32)
-        with httpx.Client(base_url=sim.url, limits=limits, timeout=10) as client:
-            start = time.monotonic()
-            with ThreadPoolExecutor(32) as pool:
-                codes = list(
-                    pool.map(lambda _: client.post("/v1/chat/completions", json=ask).status_code, range(32))
-                )
-            elapsed = time.monotonic() - start
-    assert codes == [200] * 32
-    assert elapsed < 3.0  # one after another would take 32 x 20 x 10 ms = 6.4 s
+    # Requests the hang bug never answers hold their connections open. A server answering one
+    # request at a time would leave the plain request sent after them waiting forever.
+    hang = {"effect": "hang", "when": {"json_schema": True}}
+    ask = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 200, "temperature": 0}
+    held = 16
+    with sim_server(tmp_path, sim_yaml=bug_tree(hang)) as sim, ThreadPoolExecutor(held) as pool:
+        hung = [pool.submit(sim.chat, json_request(), timeout=60) for _ in range(held)]
+        assert wait_for_log(sim, "Added request", held).count("Added request") == held
+        answered = sim.chat(ask, timeout=30)
+        assert not any(f.done() for f in hung)
+        sim.proc.send_signal(signal.SIGTERM)
+        assert sim.proc.wait(timeout=10) == 0
+        for f in hung:
+            with contextlib.suppress(httpx.HTTPError):
+                f.result()
+    assert answered.status_code == 200
+    assert answered.json()["choices"][0]["finish_reason"] == "stop"

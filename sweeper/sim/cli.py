@@ -105,14 +105,23 @@ def make_repo(
     scenario: Annotated[repo.Scenario, typer.Option(help="Which history to plant.")] = repo.Scenario.DEMO,
     commits: Annotated[int, typer.Option(help="Number of commits (bisect scenario).")] = 240,
     seed: Annotated[int, typer.Option(help="Chooses the planted positions.")] = 0,
+    rate_sd: Annotated[
+        float,
+        typer.Option(
+            "--rate-sd",
+            help="Per-start standard deviation of the rate of every planted bug with a rate below 1: "
+            "each server start draws its rate from a Beta with that mean and spread (0: off).",
+        ),
+    ] = 0.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the planted facts as JSON.")] = False,
 ) -> None:
     """Create a git repository of simulated vLLM history with planted bugs.
 
     Example: sweep sim make-repo /tmp/vllm-sim --scenario bisect --json
+    Example: sweep sim make-repo /tmp/vllm-sim --rate-sd 0.15
     """
     try:
-        plan = repo.make(directory, scenario=scenario, commits=commits, seed=seed)
+        plan = repo.make(directory, scenario=scenario, commits=commits, seed=seed, rate_sd=rate_sd)
     except repo.RepoError as exc:
         typer.echo(f"Error: {exc}", err=True)
         raise typer.Exit(1) from None

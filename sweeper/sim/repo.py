@@ -4,6 +4,10 @@ Every commit rewrites `sim.yaml` (what the simulator does at that commit) and on
 (so diffs look like a real history). The history is written with one `git fast-import` stream, so
 hundreds of commits take well under a second. The planted facts (tags, culprit, fix, broken
 installs) go to `.git/sim-plan.json`, outside the tree, so a test can hold a bisect to the truth.
+
+`rate_sd` > 0 (`--rate-sd`) gives every planted bug with a rate below 1 that `rate_sd` in
+`sim.yaml`: its rate then varies between server starts (see `tree`). The default, 0, writes no
+`rate_sd` key: every start of a commit then replays the same outcomes.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from sweeper.sim.tree import beta_parameters
 
 _START_EPOCH = 1786438800  # 2026-08-11T09:00:00Z, the v0.27.0 release
 _AUTHORS = (
@@ -85,6 +91,14 @@ class BugPlan:
     rate: float
     introduced: int
     fixed: int | None = None
+    rate_sd: float = 0.0
+
+    def declaration(self) -> dict[str, Any]:
+        """The bug's entry in `sim.yaml`."""
+        out: dict[str, Any] = {"id": self.id, "effect": self.effect, "when": self.when, "rate": self.rate}
+        if self.rate_sd > 0:
+            out["rate_sd"] = self.rate_sd
+        return out
 
     def active(self, index: int) -> bool:
         return self.introduced <= index and (self.fixed is None or index < self.fixed)
@@ -101,12 +115,15 @@ class History:
     day_s: int = 3 * 3600
 
 
-def make(directory: Path, *, scenario: Scenario, commits: int = 240, seed: int = 0) -> dict[str, Any]:
+def make(
+    directory: Path, *, scenario: Scenario, commits: int = 240, seed: int = 0, rate_sd: float = 0.0
+) -> dict[str, Any]:
     directory = Path(directory)
     if directory.exists() and any(directory.iterdir()):
         raise RepoError(f"{directory} exists and is not empty")
     rng = random.Random(seed)
     history = _demo(rng) if scenario is Scenario.DEMO else _bisect(rng, commits)
+    _plant_rate_sd(history, rate_sd)
     directory.mkdir(parents=True, exist_ok=True)
     _git(directory, "init", "-q", "-b", "main")
     stream = _fast_import_stream(history, rng)
@@ -118,6 +135,21 @@ def make(directory: Path, *, scenario: Scenario, commits: int = 240, seed: int =
     plan = _plan(history, shas, scenario, seed)
     (directory / ".git" / "sim-plan.json").write_text(json.dumps(plan, indent=2) + "\n")
     return plan
+
+
+def _plant_rate_sd(history: History, rate_sd: float) -> None:
+    if rate_sd < 0:
+        raise RepoError(f"--rate-sd must not be negative, got {rate_sd}")
+    if rate_sd == 0:
+        return
+    for bug in history.bugs:
+        if bug.rate >= 1.0:
+            continue  # a bug that always bites has no spread to vary
+        try:
+            beta_parameters(bug.rate, rate_sd)
+        except ValueError as exc:
+            raise RepoError(f"--rate-sd {rate_sd} for bug {bug.id}: {exc}") from None
+        bug.rate_sd = rate_sd
 
 
 def _demo(rng: random.Random) -> History:
@@ -196,11 +228,7 @@ def _sim_yaml(history: History, index: int) -> str:
         else "ok",
         "startup_s": 0.2,
         "token_latency_s": 0.0005,
-        "bugs": [
-            {"id": b.id, "effect": b.effect, "when": b.when, "rate": b.rate}
-            for b in history.bugs
-            if b.active(index)
-        ],
+        "bugs": [b.declaration() for b in history.bugs if b.active(index)],
     }
     return yaml.safe_dump(doc, sort_keys=False)
 
@@ -276,6 +304,7 @@ def _plan(history: History, shas: list[str], scenario: Scenario, seed: int) -> d
                 "effect": b.effect,
                 "when": b.when,
                 "rate": b.rate,
+                "rate_sd": b.rate_sd,
                 "introduced": at(b.introduced),
                 "fixed": at(b.fixed),
             }

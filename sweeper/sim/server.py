@@ -319,6 +319,8 @@ def run(startup: Startup, tree: Tree, log: Logger) -> int:
     cfg = startup.config
     assert cfg is not None
     engine = Engine(tree, cfg, log)
+    for line in engine.behaviour.start_lines():
+        log.emit(line)
 
     def stop(signum: int, frame: Any) -> None:
         engine.stopping.set()

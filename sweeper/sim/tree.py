@@ -11,11 +11,13 @@ version: "0.28.1.dev130"      # what logs and --version print; in a git checkout
 install: ok                   # or "fail: <message>": the installer refuses this commit
 startup_s: 1.0                # seconds from start until the API server listens
 token_latency_s: 0.001        # seconds per generated token
-bugs:                         # each entry: effect (required), id, when, rate, after_requests, message
+bugs:                         # each entry: effect (required), id, when, rate, rate_sd,
+                              # after_requests, message
   - id: fsm-whitespace
     effect: fsm_whitespace    # see Effect
     when: {spec_method: [mtp], strict_tool_calling: true}
     rate: 0.33                # fraction of (deterministically chosen) matching requests hit
+    rate_sd: 0.1              # optional: the rate varies per server start (see below)
   - effect: crash
     after_requests: 5         # matching requests answered before the engine dies
   - effect: refuse_start
@@ -29,11 +31,18 @@ attention_backend, model_runner (V1/V2), strict_tool_calling, reasoning_parser (
 unset), tool_call_parser, structured_outputs_backend, tensor_parallel_size, dtype, enforce_eager.
 Request keys are traits of one request: json_schema, json_object, tools, thinking_budget,
 stream, enable_thinking (all booleans).
+
+`rate_sd` (default 0: off) makes a rate-based bug vary between server starts, the way a real
+regression's rate can depend on the GPU, the batch mix and the warm-up of each start: at every start
+the bug's rate is drawn once from a Beta distribution with mean `rate` and standard deviation
+`rate_sd`, and that rate holds for the life of the process (see `behaviour`). A Beta with that mean
+and spread exists only when rate_sd² < rate·(1 − rate), so 0 < rate < 1 is required too.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 import os
 import re
 import subprocess
@@ -66,7 +75,7 @@ REQUEST_KEYS = frozenset(
     {"json_schema", "json_object", "tools", "thinking_budget", "stream", "enable_thinking"}
 )
 _TOP_KEYS = frozenset({"version", "install", "startup_s", "token_latency_s", "bugs"})
-_BUG_KEYS = frozenset({"id", "effect", "when", "rate", "after_requests", "message"})
+_BUG_KEYS = frozenset({"id", "effect", "when", "rate", "rate_sd", "after_requests", "message"})
 
 
 class TreeError(ValueError):
@@ -92,6 +101,7 @@ class Bug:
     rate: float = 1.0
     after_requests: int = 0
     message: str = ""
+    rate_sd: float = 0.0  # > 0: the rate is drawn per server start from Beta(mean rate, sd rate_sd)
 
     def server_when(self) -> dict[str, tuple[Any, ...]]:
         return {k: v for k, v in self.when.items() if k in SERVER_KEYS}
@@ -116,6 +126,22 @@ class Tree:
     @property
     def release(self) -> tuple[int, int, int]:
         return parse_release(self.version)
+
+
+def beta_parameters(rate: float, rate_sd: float) -> tuple[float, float]:
+    """(alpha, beta) of the Beta distribution with mean `rate` and standard deviation `rate_sd`.
+
+    Raises ValueError when no such Beta exists: its variance is below rate·(1 − rate).
+    """
+    variance = rate_sd * rate_sd
+    if not 0.0 < rate < 1.0 or rate_sd <= 0.0 or variance >= rate * (1.0 - rate):
+        raise ValueError(
+            f"no Beta distribution has mean {rate} and standard deviation {rate_sd}: "
+            f"needs 0 < rate < 1 and 0 < rate_sd < sqrt(rate*(1-rate))"
+            + (f" = {math.sqrt(rate * (1.0 - rate)):.4g}" if 0.0 < rate < 1.0 else "")
+        )
+    common = rate * (1.0 - rate) / variance - 1.0
+    return rate * common, (1.0 - rate) * common
 
 
 def parse_release(version: str) -> tuple[int, int, int]:
@@ -188,6 +214,14 @@ def _parse_bug(raw: Any, source: str, index: int) -> Bug:
     rate = float(raw.get("rate", 1.0))
     if not 0.0 <= rate <= 1.0:
         raise TreeError(f"{source}: {where}.rate: must be within [0, 1], got {rate}")
+    rate_sd = raw.get("rate_sd", 0.0)
+    if isinstance(rate_sd, bool) or not isinstance(rate_sd, (int, float)) or rate_sd < 0:
+        raise TreeError(f"{source}: {where}.rate_sd: expected a non-negative number, got {rate_sd!r}")
+    if rate_sd > 0:
+        try:
+            beta_parameters(rate, float(rate_sd))
+        except ValueError as exc:
+            raise TreeError(f"{source}: {where}.rate_sd: {exc}") from None
     return Bug(
         id=str(raw.get("id", effect.value)),
         effect=effect,
@@ -195,6 +229,7 @@ def _parse_bug(raw: Any, source: str, index: int) -> Bug:
         rate=rate,
         after_requests=int(raw.get("after_requests", 0)),
         message=str(raw.get("message", "")),
+        rate_sd=float(rate_sd),
     )
 
 
