@@ -86,3 +86,8 @@ def duckdb_connect(runs_dir: Path) -> Any:
         if list(Path(runs_dir).glob(f"*/{kind}/*.parquet")):
             con.execute(f"CREATE VIEW {kind} AS SELECT * FROM read_parquet('{pattern}', union_by_name=true)")
     return con
+
+
+def schema_of(kind: str) -> pa.Schema:
+    """The declared schema of a run's `samples`, `cells` or `probes` files."""
+    return _TABLES[kind]

@@ -186,8 +186,8 @@ def bisect_cmd(
     where: Annotated[Optional[list[str]], typer.Option("--where", help="AXIS=VALUE picking one cell of the matrix (repeatable).")] = None,
     repo: Annotated[Optional[str], typer.Option(help="The vLLM repository (path or URL); default: the matrix's install.repo.")] = None,
     parallel: Annotated[Optional[int], typer.Option(help="Probes per round (default: the free GPU slots of the cluster).")] = None,
-    confidence: Annotated[float, typer.Option(help="Stop when the top candidate has this posterior probability.")] = 0.99,
-    max_samples: Annotated[Optional[int], typer.Option(help="Give up (undecided) after this many requests in all.")] = None,
+    confidence: Annotated[float, typer.Option(help="A change is settled when its posterior probability reaches this.")] = 0.99,
+    max_samples: Annotated[Optional[int], typer.Option(help="Stop (reporting what is undecided) after this many requests per cell.")] = None,
     widen: Annotated[bool, typer.Option("--widen", help="If the good endpoint fails, move it back (doubling the distance) until it passes.")] = False,
     runs_dir: RunsDir = Path("runs"),
     run_id: Annotated[Optional[str], typer.Option(help="Name of the new bisect run.")] = None,
@@ -196,18 +196,18 @@ def bisect_cmd(
     gpus: Annotated[Optional[float], typer.Option(help="Logical GPU slots of the local cluster for simulator runs.")] = None,
     cache_dir: Annotated[Optional[Path], typer.Option(help="Per-commit environment cache.")] = None,
 ) -> None:
-    """Find the first commit where a cell starts failing, even when only some requests fail.
+    """Find every change in the range: each failure mode's regressions and fixes, even when only some requests fail.
 
     Example: sweep bisect --good v0.27 --bad main --matrix matrices/demo.yaml --where spec_method=mtp --where num_speculative_tokens=4 --where env.VLLM_USE_V2_MODEL_RUNNER=0
     """
-    from sweeper import bisect_run
+    from sweeper.bisect import driver, report
 
-    outcome = bisect_run.run_bisect(matrix_path=matrix, good=good, bad=bad, where=where or [], repo=repo,
+    outcome = driver.run_bisect(matrix_path=matrix, good=good, bad=bad, where=where or [], repo=repo,
                                     parallel=parallel, confidence=confidence, max_samples=max_samples,
                                     runs_dir=runs_dir, run_id=run_id, resume=resume, address=address, gpus=gpus,
                                     cache_dir=cache_dir, widen=widen,
                                     on_event=lambda line: err.print(line, markup=False, highlight=False))
-    out.print(bisect_run.render(outcome.summary), markup=False, highlight=False)
+    out.print(report.render(outcome.summary), markup=False, highlight=False)
     out.print(f"results: {outcome.run.root}")
 
 

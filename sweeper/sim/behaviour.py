@@ -1,8 +1,10 @@
 """Which declared bugs bite: at start-up, and per request.
 
-A rate-based bug bites a request when hash(server seed, version, bug id, canonical body, n) < rate,
-n being how many times this server has seen that same body before. Repeats of one request thus fail
-a fraction `rate` of the time, while a restarted server replays the same outcomes.
+A rate-based bug bites a request when hash(server seed, bug id, canonical body, n) < rate, n being
+how many times this server has seen that same body before. Repeats of one request thus fail a
+fraction `rate` of the time, while a restarted server replays the same outcomes. The version is not
+in the hash: like a real binary, a commit that does not touch a bug leaves the requests it hits
+unchanged, so unrelated commits do not look like changes of its rate.
 
 A bug with `rate_sd` > 0 varies between server starts instead: at each start its rate is drawn once
 from Beta(mean `rate`, sd `rate_sd`) and holds for the life of the process, and the start's nonce
@@ -110,7 +112,7 @@ class Behaviour:
     def _draw(self, bug: Bug, rate: float, canonical: str, n: int) -> bool:
         if rate >= 1.0:
             return True
-        key = f"{self.seed}\0{self.version}\0{bug.id}\0{canonical}\0{n}"
+        key = f"{self.seed}\0{bug.id}\0{canonical}\0{n}"
         if bug.rate_sd > 0:
             # Fresh per-request outcomes per start, not the same ones cut at a new threshold.
             key = f"{self.nonce}\0{key}"

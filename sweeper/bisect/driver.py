@@ -1,0 +1,398 @@
+"""`sweep bisect`: run the pure searches (`sweeper.bisect.search`) with real probes on Ray.
+
+A bisect has one or more targets: cells of a matrix (all settings but the commit), each with its
+own search over the same first-parent range. A round asks every open search what it wants, merges
+the wants by (commit, server key) so that cells sharing a server share its start, and runs the K
+most valuable server groups at once (K = GPU slots). One probe = one server start replaying the
+requests of every cell it serves; each cell's samples are split into failure modes
+(`sweeper.bisect.modes`) and told to that cell's search.
+
+An install failure, a server that won't start, a crash or a hang makes the commit untestable for
+that cell (skipped). Samples already stored for the same commit + cell settings + suite digest, in
+any run under `runs/`, are used before anything runs, which is also how `--resume` spends no probe
+twice: the searches are rebuilt from what is on disk, in the same order every time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from sweeper import __version__, analysis, gitrepo
+from sweeper.bisect import modes as fm
+from sweeper.bisect.report import describe
+from sweeper.bisect.search import BisectReport, Search
+from sweeper.cluster import Cluster
+from sweeper.errors import BisectError
+from sweeper.matrix import Cell, Matrix, ServerGroup, canonical, make_cell
+from sweeper.runner import GroupJob, GroupResult
+from sweeper.server import kill_leftovers
+from sweeper.store import PROBE_SCHEMA, RunDir, host_info, new_run_id, now_utc, open_run, table, write_atomic, \
+    write_json_atomic
+from sweeper.suite import Suite
+from sweeper.sweep import load_suites, repo_for, spec_with_repo, sweep_gpus
+
+OK = "ok"
+
+
+@dataclass
+class StartRecord:
+    """One server start of one cell at one commit: the label sets of its samples."""
+
+    key: tuple[str, str]  # (run_id, group_id): sorts the same way on every rebuild
+    sets: list[tuple[str, frozenset[str]]]  # per sample: (case_id, failed check labels)
+    reused: bool
+
+
+@dataclass
+class Evidence:
+    starts: list[StartRecord] = field(default_factory=list)
+    skip: str | None = None
+
+
+@dataclass
+class Target:
+    """One bisected cell: its settings (the commit aside) and what is known at each commit."""
+
+    cell: Cell
+    evidence: dict[str, Evidence] = field(default_factory=lambda: defaultdict(Evidence))
+
+    @property
+    def settings_key(self) -> str:
+        return self.cell.settings_key
+
+    @property
+    def label(self) -> str:
+        return " ".join(f"{k}={v if isinstance(v, str) else canonical(v)}"
+                        for k, v in self.cell.values.items() if k != "commit") or "(the only cell)"
+
+
+@dataclass
+class BisectOutcome:
+    run: RunDir
+    reports: list[BisectReport]
+    targets: list[Target]
+    summary: dict[str, Any]
+
+
+def select_cell(matrix: Matrix, where: Sequence[str]) -> Cell:
+    """The one cell (settings apart from the commit) that `--where AXIS=VALUE` pairs pick."""
+    cells = select_cells(matrix, where)
+    if len(cells) > 1:
+        listed = "; ".join(" ".join(f"{k}={_text(v)}" for k, v in c.values.items() if k != "commit")
+                           for c in cells[:8])
+        raise BisectError(f"{len(cells)} cells match {' '.join(where) or '(nothing)'}; add --where to pick "
+                          f"one of: {listed}")
+    return cells[0]
+
+
+def _text(v: Any) -> str:
+    return v if isinstance(v, str) else canonical(v)
+
+
+def select_cells(matrix: Matrix, where: Sequence[str]) -> list[Cell]:
+    """Every distinct cell setting (commit aside) matching `--where AXIS=VALUE` pairs."""
+    wanted: dict[str, str] = {}
+    for item in where:
+        if "=" not in item:
+            raise BisectError(f"--where {item!r}: expected AXIS=VALUE")
+        key, value = item.split("=", 1)
+        wanted[key.strip()] = value.strip()
+    axis_names = {n for n, _ in matrix.axes} | {k for c in matrix.cells for k in c.values}
+    for key in wanted:
+        if key not in axis_names:
+            raise BisectError(f"--where {key}: not an axis of {matrix.path}; axes: {', '.join(sorted(axis_names))}")
+    matches = [c for c in matrix.cells if all(k == "commit" or _text(c.values.get(k)) == v for k, v in wanted.items())]
+    by_settings: dict[str, Cell] = {}
+    for c in matches:
+        by_settings.setdefault(c.settings_key, c)
+    if not by_settings:
+        raise BisectError(f"no cell of {matrix.path} matches {' '.join(where) or '(nothing)'}")
+    return list(by_settings.values())
+
+
+def cell_at(matrix: Matrix, cell: Cell, sha: str) -> Cell:
+    order = [n for n, _ in matrix.axes]
+    return make_cell(matrix.spec, {**cell.values, "commit": sha}, order)
+
+
+def _read(runs_dir: Path, kind: str, columns: list[str], expr: Any) -> pa.Table:
+    """Only the columns and rows asked for, over every run: the cost follows what matches, not the
+    size of the whole folder."""
+    files = [f for run in analysis.run_dirs(runs_dir) for f in sorted((run.root / kind).glob("*.parquet"))]
+    if not files:
+        return pa.table({c: [] for c in columns})
+    schema = analysis.schema_of(kind)
+    return ds.dataset([str(f) for f in files], schema=schema, format="parquet").to_table(columns=columns,
+                                                                                        filter=expr)
+
+
+def load_evidence(runs_dir: Path, targets: Sequence[Target], suite: Suite, shas: set[str],
+                  labels: dict[tuple[str, str], str], this_run: str) -> None:
+    """Fill each target's evidence from every stored run: samples grouped by server start, and the
+    commits where the cell could not be tested."""
+    by_key = {t.settings_key: t for t in targets}
+    keys = pa.array(sorted(by_key))
+    wanted = pa.array(sorted(shas))
+    base = (pc.field("suite_digest") == suite.digest) & pc.field("settings_key").isin(keys) \
+        & pc.field("commit_sha").isin(wanted)
+    cells = _read(runs_dir, "cells", ["run_id", "group_id", "settings_key", "commit_sha", "status", "status_detail"],
+                  base)
+    for row in cells.to_pylist():
+        if row["status"] != OK:
+            by_key[row["settings_key"]].evidence[row["commit_sha"]].skip = f"{row['status']}: {row['status_detail']}"
+    samples = _read(runs_dir, "samples", ["run_id", "group_id", "settings_key", "commit_sha", "case_id",
+                                          "failed_checks"], base)
+    starts: dict[tuple[str, str, str, str], list[tuple[str, list[str] | None]]] = defaultdict(list)
+    for row in samples.to_pylist():
+        starts[(row["settings_key"], row["commit_sha"], row["run_id"], row["group_id"])].append(
+            (row["case_id"], row["failed_checks"]))
+    for (key, sha, run_id, group_id), rows in sorted(starts.items()):
+        by_key[key].evidence[sha].starts.append(
+            StartRecord((run_id, group_id), fm.label_sets(rows, labels), run_id != this_run))
+
+
+class Bisector:
+    """One bisect run: the targets, their searches, the probes, and their records on disk."""
+
+    def __init__(self, *, matrix: Matrix, targets: list[Target], suite: Suite, repo: Path, run: RunDir,
+                 runs_dir: Path, commits: list[str], search_options: dict[str, Any], cache_dir: Path | None,
+                 on_event: Callable[[str], None]) -> None:
+        self.matrix, self.targets, self.suite, self.repo, self.run = matrix, targets, suite, repo, run
+        self.runs_dir, self.commits, self.options = runs_dir, commits, search_options
+        self.cache_dir = cache_dir
+        self.say = on_event
+        self.labels = fm.check_labels(suite)
+        self.case_checks = fm.case_checks(suite, self.labels)
+        load_evidence(runs_dir, targets, suite, set(commits), self.labels, run.run_id)
+        probes = analysis.load_table(run, "probes")
+        self.probe_no = len(set(probes.column("group_id").to_pylist())) if probes.num_rows else 0
+        self.round = int(pc.max(probes["round"]).as_py() or 0) if probes.num_rows else 0
+        self.gpu_seconds = float(pc.sum(probes["gpu_seconds"]).as_py() or 0.0) if probes.num_rows else 0.0
+
+    # ---- the searches -----------------------------------------------------------------
+
+    def mode_names(self) -> dict[tuple[str, frozenset[str]], str]:
+        """Failure signatures -> modes, from every sample seen so far (of every target: a mode is
+        the same bug in every cell)."""
+        seen: dict[tuple[str, frozenset[str]], set[str]] = defaultdict(set)
+        for t in self.targets:
+            for sha, ev in t.evidence.items():
+                for st in ev.starts:
+                    for case, labels in st.sets:
+                        if labels:
+                            seen[(case, labels)].add(sha)
+        return fm.assign(seen, self.case_checks)
+
+    def searches(self) -> list[Search]:
+        """Each target's search rebuilt from its evidence: mode names depend on all samples seen."""
+        merged = self.mode_names()
+        out = []
+        for t in self.targets:
+            search = Search(self.commits, **self.options)
+            for sha in self.commits:
+                ev = t.evidence.get(sha)
+                if ev is None:
+                    continue
+                for st in ev.starts:
+                    search.record(sha, len(st.sets), fm.count_modes(st.sets, merged))
+                if ev.skip is not None:
+                    search.record_skip(sha, ev.skip)
+            search.rounds = self.round
+            out.append(search)
+        return out
+
+    def reused_samples(self) -> int:
+        return sum(len(st.sets) for t in self.targets for ev in t.evidence.values() for st in ev.starts if st.reused)
+
+    # ---- probing ----------------------------------------------------------------------
+
+    def plan_round(self, searches: list[Search], slots: int) -> list[tuple[str, list[tuple[Target, int]]]]:
+        """The round's server starts: (commit, [(target, samples)]) per server group, the most
+        valuable first. Wants of several targets on one (commit, server key) share a start."""
+        jobs: dict[tuple[str, str], list[tuple[Target, int]]] = defaultdict(list)
+        value: dict[tuple[str, str], float] = defaultdict(float)
+        for t, search in zip(self.targets, searches, strict=True):
+            if search.done:
+                continue
+            for req, v in search.wants(slots):
+                key = (req.commit, cell_at(self.matrix, t.cell, req.commit).server_key)
+                jobs[key].append((t, req.samples))
+                value[key] += v
+        best = sorted(jobs, key=lambda k: (-value[k], self.commits.index(k[0]), k[1]))[:slots]
+        return [(commit, jobs[(commit, skey)]) for commit, skey in best]
+
+    def _requests_per_repeat(self) -> int:
+        return max(1, sum(c.repeat for c in self.suite.cases))
+
+    def probe(self, cluster: Cluster, plan: list[tuple[str, list[tuple[Target, int]]]]) -> None:
+        """Run one round: one server start per planned group; store and remember the results."""
+        self.round += 1
+        jobs, served = [], {}
+        for sha, wants in plan:
+            cells = tuple(cell_at(self.matrix, t.cell, sha) for t, _ in wants)
+            group = ServerGroup(cells[0].server_key, cells)
+            self.probe_no += 1
+            repeats = max(1, math.ceil(max(n for _, n in wants) / self._requests_per_repeat()))
+            job = GroupJob(run_id=self.run.run_id, group=group, spec=spec_with_repo(self.matrix.spec, self.repo),
+                           suite=self.suite, matrix_dir=str(Path(self.matrix.path).parent),
+                           log_dir=str(self.run.logs), sha=sha,
+                           cache_dir=str(self.cache_dir) if self.cache_dir else None,
+                           cell_ids=tuple(c.cell_id for c in cells), repeats_override=repeats)
+            jobs.append(job)
+            served[group.group_id] = (self.probe_no, [t for t, _ in wants])
+        for job, result in cluster.run(jobs):
+            probe_no, targets = served[job.group.group_id]
+            self._store(job, result, probe_no, targets)
+
+    def _store(self, job: GroupJob, result: GroupResult, probe_no: int, targets: list[Target]) -> None:
+        sha = job.sha or job.group.head.commit
+        name = f"p{probe_no:04d}-{sha[:10]}"
+        # One probe is one server start: its rows carry the probe's name, so stored evidence keeps
+        # repeated starts of one server key apart (per-start variation is learned from them).
+        samples_t = _with_group(result.samples, name)
+        cells_t = _with_group(result.cells, name)
+        # Samples and cells first, the probe rows last: a probe row means its samples are on disk.
+        self.run.write_group(name, samples_t, cells_t)
+        result = GroupResult(name, samples_t, cells_t, result.statuses)
+        found = []
+        for t in targets:
+            cells = result.cells.filter(pc.equal(result.cells["settings_key"], t.settings_key))
+            samples = result.samples.filter(pc.equal(result.samples["settings_key"], t.settings_key))
+            status = cells.column("status")[0].as_py() if cells.num_rows else "missing"
+            rows_in = list(zip(samples.column("case_id").to_pylist(), samples.column("failed_checks").to_pylist(),
+                               strict=True))
+            sets = fm.label_sets(rows_in, self.labels)
+            ev = t.evidence[sha]
+            if sets:
+                ev.starts.append(StartRecord((self.run.run_id, name), sets, False))
+            if status != OK:
+                ev.skip = f"{status}: {cells.column('status_detail')[0].as_py() if cells.num_rows else ''}"
+            found.append((t, cells, status, sets))
+        merged = self.mode_names()
+        rows = []
+        for t, cells, status, sets in found:
+            gpu = float(pc.sum(cells["gpu_seconds"]).as_py() or 0.0) if cells.num_rows else 0.0
+            self.gpu_seconds += gpu
+            counts = fm.count_modes(sets, merged)
+            rows.append({"run_id": self.run.run_id, "probe": probe_no, "round": self.round, "commit_sha": sha,
+                         "position": self.commits.index(sha), "settings_key": t.settings_key,
+                         "cell_id": cells.column("cell_id")[0].as_py() if cells.num_rows else None,
+                         "status": status, "n_samples": len(sets), "n_failed": sum(counts.values()),
+                         "mode_failures": list(counts.items()), "reused": False, "group_id": name,
+                         "gpu_seconds": gpu})
+            self.say(f"probe {probe_no} round {self.round}: {sha[:10]} (position {self.commits.index(sha)}) "
+                     f"{t.label} -> {status}, {sum(counts.values())}/{len(sets)} failed")
+        write_atomic(table(rows, PROBE_SCHEMA), self.run.root / "probes" / f"{name}.parquet")
+
+    def drive(self, cluster: Cluster, slots: int) -> list[BisectReport]:
+        while True:
+            searches = self.searches()
+            plan = self.plan_round(searches, slots)
+            if not plan:
+                return [s.result() for s in searches]
+            self.probe(cluster, plan)
+            self.save_state(final=False)
+
+    def save_state(self, *, final: bool) -> dict[str, Any]:
+        reports = [s.result() for s in self.searches()]
+        summary = describe(reports, self.targets, self.repo, self.commits)
+        summary.update({"run_id": self.run.run_id, "final": final, "rounds": self.round, "server_starts": self.probe_no,
+                        "reused_samples": self.reused_samples(), "gpu_seconds": self.gpu_seconds,
+                        "sweeper": __version__, "updated": now_utc().isoformat()})
+        write_json_atomic(summary, self.run.root / "bisect.json")
+        return summary
+
+
+def _with_group(tbl: pa.Table, name: str) -> pa.Table:
+    i = tbl.schema.get_field_index("group_id")
+    return tbl.set_column(i, tbl.schema.field(i), pa.array([name] * tbl.num_rows, pa.string()))
+
+
+def run_bisect(*, matrix_path: Path, good: str, bad: str, where: Sequence[str] = (), repo: str | None = None,
+               parallel: int | None = None, confidence: float = 0.99, max_samples: int | None = None,
+               runs_dir: Path = Path("runs"), run_id: str | None = None, resume: str | None = None,
+               address: str | None = None, gpus: float | None = None, cache_dir: Path | None = None,
+               widen: bool = False, all_cells: bool = False,
+               on_event: Callable[[str], None] = lambda _: None) -> BisectOutcome:
+    """Bisect the cell `where` picks (every matching cell with `all_cells`) between good and bad."""
+    from sweeper.matrix import load_matrix
+
+    matrix = load_matrix(matrix_path)
+    if repo:
+        matrix = dataclasses.replace(matrix, spec=matrix.spec.model_copy(
+            update={"install": matrix.spec.install.model_copy(update={"repo": repo})}))
+    cells = select_cells(matrix, where) if all_cells else [select_cell(matrix, where)]
+    suite = load_suites(matrix.suite_paths)
+    return bisect_cells(matrix=matrix, cells=cells, suite=suite, good=good, bad=bad, parallel=parallel,
+                        confidence=confidence, max_samples=max_samples, runs_dir=runs_dir, run_id=run_id,
+                        resume=resume, address=address, gpus=gpus, cache_dir=cache_dir, widen=widen,
+                        on_event=on_event)
+
+
+def bisect_cells(*, matrix: Matrix, cells: list[Cell], suite: Suite, good: str, bad: str, parallel: int | None,
+                 confidence: float, max_samples: int | None, runs_dir: Path, run_id: str | None, resume: str | None,
+                 address: str | None, gpus: float | None, cache_dir: Path | None, widen: bool,
+                 on_event: Callable[[str], None]) -> BisectOutcome:
+    repo_path = repo_for(matrix, runs_dir)
+    if repo_path is None:
+        raise BisectError("bisect needs a repository of commits: set install.repo in the matrix or pass --repo")
+    good_sha, bad_sha = gitrepo.resolve(repo_path, good), gitrepo.resolve(repo_path, bad)
+    commits = gitrepo.first_parent_range(repo_path, good_sha, bad_sha)
+    keys = sorted(c.settings_key for c in cells)
+    if resume:
+        run = open_run(runs_dir, resume, create=False)
+        old = run.read_manifest()
+        if old.get("good_sha") != good_sha or old.get("bad_sha") != bad_sha or old.get("settings_keys") != keys:
+            raise BisectError(f"run {resume} bisected another range or other cells; start a new bisect instead")
+        commits = old.get("commits", commits)
+    else:
+        run = open_run(runs_dir, run_id or new_run_id(f"bisect-{matrix.name}"), create=True)
+    options = {"confidence": confidence, "max_samples": max_samples}
+    on_event(f"bisecting {len(commits) - 1} commits {good_sha[:10]}..{bad_sha[:10]} for {len(cells)} cell(s)")
+    try:
+        with Cluster(address, logical_gpus=sweep_gpus(matrix, gpus)) as cluster:
+            cluster.preflight(matrix.spec.gpus_per_cell)
+            k = parallel or max(1, cluster.free_gpu_slots(matrix.spec.gpus_per_cell))
+            on_event(f"{k} server starts per round")
+            while True:
+                run.write_manifest({"run_id": run.run_id, "kind": "bisect", "created": now_utc().isoformat(),
+                                    "sweeper": __version__, "host": host_info(), "matrix_path": str(matrix.path),
+                                    "matrix": matrix.raw, "good": good, "bad": bad, "good_sha": good_sha,
+                                    "bad_sha": bad_sha, "commits": commits, "settings_keys": keys,
+                                    "cells": [{k: v for k, v in c.values.items() if k != "commit"} for c in cells],
+                                    "suite_digest": suite.digest, "repo": str(repo_path)})
+                run.logs.mkdir(parents=True, exist_ok=True)
+                b = Bisector(matrix=matrix, targets=[Target(c) for c in cells], suite=suite, repo=repo_path, run=run,
+                             runs_dir=runs_dir, commits=commits, search_options=options, cache_dir=cache_dir,
+                             on_event=on_event)
+                if b.reused_samples():
+                    on_event(f"reusing {b.reused_samples()} stored samples")
+                reports = b.drive(cluster, k)
+                older = _widen_to(reports, repo_path, commits, bad_sha) if widen else None
+                if older is None:
+                    break
+                on_event(f"a mode fails at {commits[0][:10]} with no change in range; widening to {older[:10]}")
+                commits = gitrepo.first_parent_range(repo_path, older, bad_sha)
+    finally:
+        kill_leftovers(run.logs)
+    summary = b.save_state(final=True)
+    return BisectOutcome(run, reports, b.targets, summary)
+
+
+def _widen_to(reports: list[BisectReport], repo: Path, commits: list[str], bad_sha: str) -> str | None:
+    """An older good endpoint when a mode failing at bad started before the range, else None."""
+    older_needed = any(m.fails_at_bad and m.fails_at_good and m.started is None for r in reports for m in r.modes)
+    if not older_needed:
+        return None
+    older = gitrepo.first_parent_ancestor(repo, bad_sha, 2 * (len(commits) - 1))
+    return None if older is None or older == commits[0] else older

@@ -1,0 +1,212 @@
+"""The bisect report: `bisect.json` (its schema below) and the terminal text.
+
+`bisect.json`, schema "sweep-bisect/2":
+
+    schema          "sweep-bisect/2"
+    range           {good, bad: sha; commits: number of commits after good}
+    confidence      the target; a change is `found` when located and at least this sure
+    by_commit[]     one entry per commit where any change was found, newest first:
+                    {commit: COMMIT, changes: [{mode, direction, confidence, cells: [label]}]}
+    cells[]         one entry per bisected cell:
+      cell            {axis: value} without the commit; `label` its one-line form
+      bad_endpoint    "fails" | "passes" | "undecided" | "untestable"
+      done            false when a limit stopped the search with something open (`open`: how many)
+      failing_at_bad  [{mode, rate: RATE, started: CHANGE | null, before_good: bool}]
+                      what still fails at bad, and the regression that brought it (null with
+                      before_good = true when it fails at good alike: older than the range)
+      changes         [CHANGE], oldest first
+      modes           [{mode, at_good: RATE, at_bad: RATE, no_change, rho, fails_at_good, fails_at_bad}]
+      rounds, probes, samples, skipped: [[sha, reason]]
+    rounds, server_starts, reused_samples, gpu_seconds   for the whole bisect
+    CHANGE  {mode, direction: "regression" | "fix", commit: COMMIT, candidates: [COMMIT],
+             confidence, located, found, before: RATE, after: RATE, last_before: sha,
+             fixed_by: sha | null (a regression undone later in the range),
+             fixes: sha | null (the regression a fix undoes)}
+    COMMIT  {sha, short, subject, pr, date}
+    RATE    {failures, samples, starts, rate, low, high}   rate: posterior mean; low/high: 95 %
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sweeper import gitrepo
+from sweeper.bisect.search import BadEndpoint, BisectReport, Change, Direction, Rate
+
+if TYPE_CHECKING:
+    from sweeper.bisect.driver import Target
+
+SCHEMA = "sweep-bisect/2"
+
+
+def _rate(r: Rate) -> dict[str, Any]:
+    return dataclasses.asdict(r)
+
+
+class _Commits:
+    def __init__(self, repo: Path) -> None:
+        self.repo = repo
+        self.cache: dict[str, dict[str, Any]] = {}
+
+    def __call__(self, sha: str) -> dict[str, Any]:
+        if sha not in self.cache:
+            info = gitrepo.commit_info(self.repo, sha)
+            self.cache[sha] = {"sha": info.sha, "short": info.sha[:10], "subject": info.subject, "pr": info.pr,
+                               "date": info.date}
+        return self.cache[sha]
+
+
+def _pairs(changes: Sequence[Change]) -> dict[int, tuple[str | None, str | None]]:
+    """Per change: (fixed_by, fixes) — a regression and the next change of its mode that undoes it."""
+    out: dict[int, tuple[str | None, str | None]] = {i: (None, None) for i in range(len(changes))}
+    by_mode: dict[str, list[int]] = defaultdict(list)
+    for i, c in enumerate(changes):
+        by_mode[c.mode].append(i)
+    for idx in by_mode.values():
+        for a, b in zip(idx, idx[1:]):
+            ca, cb = changes[a], changes[b]
+            if ca.direction is Direction.REGRESSION and cb.direction is Direction.FIX \
+                    and cb.after.rate < max(ca.before.rate * 1.5, ca.before.rate + 0.02):
+                out[a] = (cb.commit, out[a][1])
+                out[b] = (out[b][0], ca.commit)
+    return out
+
+
+def describe(reports: Sequence[BisectReport], targets: Sequence[Target], repo: Path,
+             commits: Sequence[str]) -> dict[str, Any]:
+    """The report of a bisect as JSON-able data (schema in the module docstring)."""
+    info = _Commits(repo)
+    position = {c: i for i, c in enumerate(commits)}
+    cells = []
+    by_commit: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for target, rep in zip(targets, reports, strict=True):
+        changes = sorted(rep.changes, key=lambda c: (position[c.commit], c.mode))
+        pairs = _pairs(changes)
+        change_rows: list[dict[str, Any]] = []
+        for i, c in enumerate(changes):
+            row: dict[str, Any] = {"mode": c.mode, "direction": c.direction.value, "commit": info(c.commit),
+                   "candidates": [info(x) for x in c.candidates] if c.located else
+                   [info(c.candidates[0]), info(c.candidates[-1])],
+                   "n_candidates": len(c.candidates), "confidence": c.confidence, "located": c.located,
+                   "found": c.found, "before": _rate(c.before), "after": _rate(c.after), "last_before": c.last_before,
+                   "fixed_by": pairs[i][0], "fixes": pairs[i][1]}
+            change_rows.append(row)
+            if c.found:
+                by_commit[c.commit].append({"mode": c.mode, "direction": c.direction.value,
+                                            "confidence": c.confidence, "cells": [target.label]})
+        failing = []
+        for m in rep.failing_at_bad:
+            started = m.started
+            failing.append({"mode": m.mode, "rate": _rate(m.at_bad),
+                            "started": next((r for r in change_rows if started and r["mode"] == m.mode
+                                             and r["commit"]["sha"] == started.commit), None),
+                            "before_good": m.fails_at_good and started is None})
+        cells.append({
+            "cell": {k: v for k, v in target.cell.values.items() if k != "commit"}, "label": target.label,
+            "settings_key": target.settings_key, "bad_endpoint": rep.bad_endpoint.value, "done": rep.done,
+            "open": rep.open_gaps, "failing_at_bad": failing, "changes": change_rows,
+            "modes": [{"mode": m.mode, "at_good": _rate(m.at_good), "at_bad": _rate(m.at_bad), "no_change": m.no_change,
+                       "rho": m.rho, "fails_at_good": m.fails_at_good, "fails_at_bad": m.fails_at_bad}
+                      for m in rep.modes],
+            "rounds": rep.rounds, "probes": rep.probes, "samples": rep.samples,
+            "skipped": [list(s) for s in rep.skipped]})
+    merged_by_commit = []
+    for sha in sorted(by_commit, key=lambda s: -position[s]):
+        grouped: dict[tuple[str, str], dict[str, Any]] = {}
+        for ch in by_commit[sha]:
+            key = (ch["mode"], ch["direction"])
+            if key in grouped:
+                grouped[key]["cells"] += ch["cells"]
+                grouped[key]["confidence"] = min(grouped[key]["confidence"], ch["confidence"])
+            else:
+                grouped[key] = dict(ch)
+        merged_by_commit.append({"commit": info(sha), "changes": list(grouped.values())})
+    return {"schema": SCHEMA, "range": {"good": commits[0], "bad": commits[-1], "commits": len(commits) - 1},
+            "confidence": reports[0].confidence if reports else None, "by_commit": merged_by_commit,
+            "cells": cells}
+
+
+# ---- text -----------------------------------------------------------------------------------
+
+def _pct(p: float) -> str:
+    return ">99.99%" if p > 0.9999 else f"{100 * p:.2f}%"
+
+
+def _commit(c: dict[str, Any]) -> str:
+    pr = f" (#{c['pr']})" if c.get("pr") and f"#{c['pr']}" not in c["subject"] else ""
+    return f"{c['short']} {c['subject']}{pr}"
+
+
+def _r(r: dict[str, Any]) -> str:
+    return f"{100 * r['rate']:.1f}% [{100 * r['low']:.1f}–{100 * r['high']:.1f}%] ({r['failures']}/{r['samples']})"
+
+
+def _change(ch: dict[str, Any]) -> str:
+    where = _commit(ch["commit"]) if ch["located"] else \
+        f"somewhere in {ch['n_candidates']} commits {ch['candidates'][0]['short']}..{ch['candidates'][-1]['short']}"
+    sure = f"confidence {_pct(ch['confidence'])}" + ("" if ch["found"] else ", not settled")
+    lines = [f"  {ch['direction']:<10} {where}",
+             f"             {ch['mode']}: {_r(ch['before'])} -> {_r(ch['after'])}; {sure}"]
+    if ch["located"] and ch["n_candidates"] > 1:
+        lines.append("             or an untestable commit right before it: "
+                     + ", ".join(c["short"] for c in ch["candidates"][:-1]))
+    if ch["fixed_by"]:
+        lines.append(f"             fixed later in the range by {ch['fixed_by'][:10]}")
+    if ch["fixes"]:
+        lines.append(f"             fixes the regression of {ch['fixes'][:10]}")
+    return "\n".join(lines)
+
+
+def render(summary: dict[str, Any]) -> str:
+    """The report as plain text: what fails at bad and where it started, then every change."""
+    out: list[str] = []
+    many = len(summary["cells"]) > 1
+    if many and summary["by_commit"]:
+        out.append("Changes by commit:")
+        for entry in summary["by_commit"]:
+            out.append(f"  {_commit(entry['commit'])}")
+            for ch in entry["changes"]:
+                out.append(f"    {ch['direction']} of {ch['mode']} — {len(ch['cells'])} cell(s): "
+                           + "; ".join(ch["cells"]))
+        out.append("")
+    for cell in summary["cells"]:
+        out.append(f"cell {cell['label']}:" if many or cell["label"] != "(the only cell)" else "the cell:")
+        state = cell["bad_endpoint"]
+        if state == BadEndpoint.PASSES.value:
+            out.append("  the bad endpoint passes: nothing fails there (no failure mode at >= 1% with the "
+                       "target confidence)")
+        elif state == BadEndpoint.UNTESTABLE.value:
+            out.append("  the bad endpoint is untestable: " + "; ".join(r for s, r in cell["skipped"]
+                                                                       if s == summary["range"]["bad"]))
+        elif state == BadEndpoint.UNDECIDED.value:
+            out.append("  the bad endpoint showed no failure, but too few samples to say it passes")
+        if cell["failing_at_bad"]:
+            out.append("  fails at bad:")
+            for f in cell["failing_at_bad"]:
+                out.append(f"    {f['mode']}: {_r(f['rate'])}")
+                if f["started"]:
+                    ch = f["started"]
+                    where = _commit(ch["commit"]) if ch["located"] else f"in {ch['n_candidates']} commits " \
+                        f"{ch['candidates'][0]['short']}..{ch['candidates'][-1]['short']}"
+                    out.append(f"      started at {where} (confidence {_pct(ch['confidence'])})")
+                elif f["before_good"]:
+                    out.append("      fails at good alike: older than the range (try --widen)")
+                else:
+                    out.append("      where it started is undecided")
+        if cell["changes"]:
+            out.append("  every change in the range (oldest first):")
+            out.extend(_change(ch) for ch in cell["changes"])
+        elif state == BadEndpoint.FAILS.value:
+            out.append("  no change in the range")
+        if not cell["done"]:
+            out.append(f"  stopped at a limit with {cell['open']} open question(s): raise --max-samples")
+        out.append(f"  {cell['probes']} probes, {cell['samples']} samples"
+                   + (f", {len(cell['skipped'])} untestable commit(s)" if cell["skipped"] else ""))
+    out.append(f"{summary['range']['commits']} commits after good; {summary.get('server_starts', 0)} server starts in "
+               f"{summary.get('rounds', 0)} rounds, {summary.get('reused_samples', 0)} stored samples reused, "
+               f"{summary.get('gpu_seconds', 0.0):.0f} GPU-seconds")
+    return "\n".join(out)

@@ -1,0 +1,454 @@
+"""The noisy, parallel search for every change of every failure mode in a commit range. Pure.
+
+Candidates are first-parent commits c_0 (the good endpoint) ... c_N (the bad endpoint), oldest
+first. One probe is one server start at one commit replaying the suite: it reports how many of
+its samples fell into each failure mode (`sweeper.bisect.modes`), so a single probe informs every
+mode at once. The caller drives the search with an ask/tell loop and decides how probes run:
+
+    search = Search(commits, confidence=0.99)
+    while not search.done:
+        for req in search.next_probes(k):                      # one round: up to k commits
+            ...start a server at req.commit, replay about req.samples requests...
+            search.record(req.commit, samples, {"json_schema": 3, "thinking_budget": 1})
+            # or search.record_skip(req.commit, "server_failed: ...")
+    report = search.result()
+
+Each mode's rate along the range is piecewise constant with unknown change points, and varies
+between server starts (`sweeper.bisect.segments`). For each gap between two neighbouring probed
+commits the posterior gives the probability that the mode's rate changes inside it.
+
+How a round is chosen. Every mode names the commits it wants, each with a value:
+* the endpoints, until each has two server starts (a rate resting on one start cannot tell a
+  regression from per-start variation);
+* the bad endpoint again while nothing fails there and P(rate >= min_rate) is still undecided;
+* nothing for a mode whose rate is credibly below `min_rate` everywhere (its 95 % upper bounds):
+  changes that small are below the search's resolution, so the mode is reported, not searched;
+* inside a gap that may hold a change (P >= `explore`) and still has untested commits: evenly
+  spaced commits, the first worth the gap's probability, the t-th worth 1/t of it (splitting a
+  gap in t+1 parts shrinks it by less each time);
+* for a gap already down to one testable commit whose change is still unsure: one more start on
+  the side with fewer samples, worth min(P, 1 - P).
+A commit's value is the sum over modes, so a commit that serves several searches wins; the round
+takes the K most valuable distinct commits. Each probe asks for the Wald sample count that tells
+the rates on either side of its gap apart at `confidence`, inflated for the learned per-start
+variation (a start of n samples is worth n / (1 + (n - 1) rho) independent ones) and capped.
+
+The search is done when no mode wants anything, or the limits are reached (then the report is
+honest about what is undecided). The report lists every change (a gap more likely changed than
+not): its mode, direction, candidates, rates before and after, and its own confidence.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from sweeper.bisect.segments import ModePosterior, Prior, Segment, Start, posterior, rate_above
+from sweeper.errors import BisectError
+from sweeper.stats import samples_to_decide
+
+
+class Direction(str, Enum):
+    REGRESSION = "regression"
+    FIX = "fix"
+
+
+class BadEndpoint(str, Enum):
+    """What the bad endpoint shows: the premise of a bisect."""
+
+    FAILS = "fails"  # some mode fails there
+    PASSES = "passes"  # credibly nothing fails at rate >= min_rate
+    UNDECIDED = "undecided"  # nothing seen yet, but not enough samples to say it passes
+    UNTESTABLE = "untestable"
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    """Start a server at `commit` and replay about `samples` requests."""
+
+    commit: str
+    index: int
+    samples: int
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One recorded probe: what a resumed search replays. `skip_reason` marks it untestable."""
+
+    commit: str
+    samples: int = 0
+    failures: Mapping[str, int] = field(default_factory=dict)
+    skip_reason: str | None = None
+    round: int = 0
+
+
+@dataclass(frozen=True)
+class Rate:
+    failures: int
+    samples: int
+    starts: int
+    rate: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, seg: Segment) -> Rate:
+        return cls(seg.failures, seg.samples, seg.starts, seg.rate, seg.low, seg.high)
+
+
+@dataclass(frozen=True)
+class Change:
+    """The rate of `mode` changes at `commit` (the first commit with the new rate), or somewhere
+    in `candidates` when not `located`. `confidence` = P(a change inside the candidates)."""
+
+    mode: str
+    direction: Direction
+    commit: str
+    candidates: tuple[str, ...]
+    confidence: float
+    located: bool
+    before: Rate  # the segment of probed commits right before the change
+    after: Rate
+    last_before: str  # the nearest probed commit before the candidates
+    found: bool  # located, at the search's confidence
+
+
+@dataclass(frozen=True)
+class ModeReport:
+    mode: str
+    changes: tuple[Change, ...]
+    at_good: Rate
+    at_bad: Rate
+    no_change: float  # P(the rate never changes in the range)
+    rho: float  # learned per-start intra-class correlation
+    fails_at_bad: bool  # credibly: the segment at `bad` has a rate above 0
+    fails_at_good: bool
+
+    @property
+    def started(self) -> Change | None:
+        """The regression that brought the rate seen at `bad` (the last regression), if any."""
+        regressions = [c for c in self.changes if c.direction is Direction.REGRESSION]
+        return regressions[-1] if regressions else None
+
+
+@dataclass(frozen=True)
+class BisectReport:
+    modes: tuple[ModeReport, ...]
+    bad_endpoint: BadEndpoint
+    confidence: float
+    done: bool  # False: stopped at a limit with something still open
+    open_gaps: int
+    rounds: int
+    probes: int
+    samples: int
+    skipped: tuple[tuple[str, str], ...]
+
+    @property
+    def changes(self) -> tuple[Change, ...]:
+        return tuple(c for m in self.modes for c in m.changes)
+
+    @property
+    def failing_at_bad(self) -> tuple[ModeReport, ...]:
+        return tuple(m for m in self.modes if m.fails_at_bad)
+
+
+@dataclass(frozen=True)
+class _Need:
+    value: float
+    commits: tuple[int, ...]  # a gap's untested commits (split), or the one commit to probe
+    samples: int
+    split: bool = False
+
+
+@dataclass
+class _Probe:
+    index: int
+    samples: int
+    failures: dict[str, int]
+
+
+class Search:
+    """Ask/tell search for every change of every failure mode. See the module docstring."""
+
+    def __init__(self, commits: Sequence[str], *, confidence: float = 0.99, max_samples: int | None = None,
+                 max_rounds: int | None = None, max_starts_per_commit: int = 6,
+                 max_samples_per_commit: int = 4000, first_batch: int = 64, min_batch: int = 16,
+                 max_batch: int = 1000, min_rate: float = 0.01, explore: float = 0.02,
+                 endpoint_starts: int = 2, prior: Prior | None = None) -> None:
+        if len(commits) < 2:
+            raise BisectError(f"need a good and a bad commit, got {len(commits)} commit(s)")
+        if len(set(commits)) != len(commits):
+            raise BisectError("candidate commits are not distinct")
+        if not 0.5 < confidence < 1:
+            raise BisectError(f"confidence must be in (0.5, 1), got {confidence}")
+        self.commits = tuple(commits)
+        self.confidence = confidence
+        self.max_samples, self.max_rounds = max_samples, max_rounds
+        self.max_starts, self.max_commit_samples = max_starts_per_commit, max_samples_per_commit
+        self.first_batch, self.min_batch, self.max_batch = first_batch, min_batch, max_batch
+        self.min_rate, self.explore, self.endpoint_starts = min_rate, explore, endpoint_starts
+        self.prior = prior or Prior.default()
+        self._index = {c: i for i, c in enumerate(self.commits)}
+        self._probes: list[_Probe] = []
+        self._skipped: dict[int, str] = {}
+        self._in_flight: set[int] = set()
+        self._observations: list[Observation] = []
+        self._modes: list[str] = []
+        self._cache: dict[str, ModePosterior] = {}
+        self.rounds = 0
+
+    # ---- persistence -------------------------------------------------------------------
+
+    @classmethod
+    def from_observations(cls, commits: Sequence[str], observations: Iterable[Observation],
+                          **kwargs: object) -> Search:
+        """Rebuild a search by replaying its observations; those of commits outside `commits`
+        are ignored (a widened range keeps everything it can)."""
+        search = cls(commits, **kwargs)  # type: ignore[arg-type]
+        for obs in observations:
+            if obs.commit not in search._index:
+                continue
+            if obs.skip_reason is not None:
+                search.record_skip(obs.commit, obs.skip_reason)
+            else:
+                search.record(obs.commit, obs.samples, obs.failures)
+            search.rounds = max(search.rounds, obs.round)
+        return search
+
+    @property
+    def observations(self) -> tuple[Observation, ...]:
+        return tuple(self._observations)
+
+    # ---- tell --------------------------------------------------------------------------
+
+    def record(self, commit: str, samples: int, failures: Mapping[str, int]) -> None:
+        """One server start at `commit`: `samples` requests, `failures[mode]` of them in each mode
+        (a sample is in at most one mode; modes not named had no failure)."""
+        i = self._lookup(commit)
+        if i in self._skipped:
+            raise BisectError(f"{commit} was recorded as untestable")
+        fails = {str(m): int(k) for m, k in failures.items() if int(k) != 0}
+        if samples < 0 or any(k < 0 for k in fails.values()) or sum(fails.values()) > samples:
+            raise BisectError(f"{commit}: need 0 <= failures, sum <= samples; got {fails} of {samples}")
+        for mode in fails:
+            if mode not in self._modes:
+                self._modes.append(mode)
+        self._in_flight.discard(i)
+        if samples == 0:
+            return
+        self._probes.append(_Probe(i, samples, fails))
+        self._observations.append(Observation(commit, samples, dict(fails), None, self.rounds))
+        self._cache.clear()
+
+    def record_skip(self, commit: str, reason: str) -> None:
+        i = self._lookup(commit)
+        self._in_flight.discard(i)
+        if i in self._skipped:
+            return
+        self._skipped[i] = reason
+        # Samples of a commit that later proves untestable stay: they are real observations.
+        self._observations.append(Observation(commit, 0, {}, reason, self.rounds))
+        self._cache.clear()
+
+    def _lookup(self, commit: str) -> int:
+        try:
+            return self._index[commit]
+        except KeyError:
+            raise BisectError(f"{commit} is not one of the {len(self.commits)} candidates") from None
+
+    # ---- state -------------------------------------------------------------------------
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        return tuple(self._modes)
+
+    @property
+    def total_samples(self) -> int:
+        return sum(p.samples for p in self._probes)
+
+    def _starts(self, i: int) -> int:
+        return sum(1 for p in self._probes if p.index == i)
+
+    def _samples_at(self, i: int) -> int:
+        return sum(p.samples for p in self._probes if p.index == i)
+
+    def mode_posterior(self, mode: str) -> ModePosterior:
+        if mode not in self._cache:
+            starts = [Start(p.index, p.failures.get(mode, 0), p.samples) for p in self._probes]
+            self._cache[mode] = posterior(starts, len(self.commits) - 1, self.prior)
+        return self._cache[mode]
+
+    def _limits_reached(self) -> bool:
+        return ((self.max_rounds is not None and self.rounds >= self.max_rounds)
+                or (self.max_samples is not None and self.total_samples >= self.max_samples))
+
+    def _probeable(self, i: int) -> bool:
+        return (i not in self._skipped and self._starts(i) < self.max_starts
+                and self._samples_at(i) < self.max_commit_samples)
+
+    def bad_endpoint(self) -> BadEndpoint:
+        last = len(self.commits) - 1
+        if last in self._skipped and self._samples_at(last) == 0:
+            return BadEndpoint.UNTESTABLE
+        at_bad = [p for p in self._probes if p.index == last]
+        if any(p.failures for p in at_bad):
+            return BadEndpoint.FAILS
+        starts = [Start(last, 0, p.samples) for p in at_bad]
+        if starts and rate_above(starts, self.min_rate, self.prior) <= 1 - self.confidence:
+            return BadEndpoint.PASSES
+        return BadEndpoint.UNDECIDED
+
+    # ---- ask ---------------------------------------------------------------------------
+
+    def _needs(self) -> list[_Need]:
+        """What the open searches want now. See the module docstring."""
+        needs: list[_Need] = []
+        last = len(self.commits) - 1
+        for i in (0, last):
+            if self._starts(i) < self.endpoint_starts and self._probeable(i):
+                needs.append(_Need(10.0, (i,), self.first_batch))
+        if needs:
+            return needs
+        if self.bad_endpoint() is BadEndpoint.UNDECIDED and self._probeable(last):
+            # Enough for P(rate >= min_rate) <= 1 - confidence if the next batch is clean too.
+            need = math.ceil(math.log(1 - self.confidence) / math.log1p(-self.min_rate))
+            needs.append(_Need(1.0, (last,), max(self.min_batch, need - self._samples_at(last))))
+        for mode in self._modes:
+            post = self.mode_posterior(mode)
+            if max(seg.high for seg in post.segments) < self.min_rate:
+                continue  # below the search's resolution everywhere: reported, not searched
+            pts = post.points
+            # Where a gap's sides look alike, plan for the largest contrast this mode has shown.
+            seg_rates = [seg.rate for seg in post.segments]
+            contrast = (min(seg_rates), max(seg_rates))
+            for a, p in enumerate(post.gap_change):
+                lo, hi = pts[a], pts[a + 1]
+                inside = tuple(j for j in range(lo + 1, hi) if j not in self._skipped)
+                seg_lo, seg_hi = post.segment_at(lo), post.segment_at(hi)
+                r_lo, r_hi = sorted((seg_lo.rate, seg_hi.rate))
+                if r_hi < 1.5 * r_lo + 0.01:
+                    r_lo, r_hi = contrast
+                n = self._batch(r_lo, r_hi, post.rho)
+                if inside:
+                    if p >= self.explore:
+                        needs.append(_Need(float(p), inside, n, split=True))
+                elif 1 - self.confidence < p < self.confidence and max(seg_lo.high, seg_hi.high) >= self.min_rate:
+                    # (Both sides credibly below min_rate: a change between them is below resolution.)
+                    sides = sorted((x for x in (lo, hi) if self._probeable(x)),
+                                   key=lambda x: (self._samples_at(x), x))
+                    if sides:
+                        needs.append(_Need(2 * min(float(p), 1 - float(p)), (sides[0],), n))
+        return needs
+
+    def _plan(self, k: int) -> dict[int, tuple[int, float]]:
+        """Up to k distinct commits -> (samples, value): greedy over the needs, merged across modes.
+
+        The t-th commit put into a gap is worth p * log2((t + 1) / t) (t evenly spaced commits
+        split it in t + 1 parts); needs on the same gap from several modes add up, and so do
+        needs that land on the same commit."""
+        merged: dict[tuple[tuple[int, ...], bool], list[float]] = {}
+        for need in self._needs():
+            key = (tuple(j for j in need.commits if j not in self._in_flight), need.split)
+            if not key[0]:
+                continue
+            value, n = merged.get(key, [0.0, 0.0])
+            merged[key] = [value + need.value, max(n, need.samples)]
+        slots = {key: 0 for key in merged}
+
+        def placed() -> dict[int, tuple[int, float]]:
+            chosen: dict[int, tuple[int, float]] = {}
+            for (commits, split), t in slots.items():
+                if not t:
+                    continue
+                at = ([commits[min(len(commits) - 1, s * len(commits) // (t + 1))] for s in range(1, t + 1)]
+                      if split else list(commits)[:t])
+                value, n = merged[(commits, split)]
+                each = value * math.log2(t + 1) / t if split else value
+                for j in at:
+                    if j in chosen:
+                        chosen[j] = (max(chosen[j][0], int(n)), chosen[j][1] + each)
+                    elif len(chosen) < k:
+                        chosen[j] = (int(n), each)
+            return chosen
+
+        while len(placed()) < k:
+            gains = {}
+            for key, t in slots.items():
+                commits, split = key
+                if t < (len(commits) if split else 1):
+                    value = merged[key][0]
+                    gains[key] = value * math.log2((t + 2) / (t + 1)) if split else value
+            if not gains:
+                break
+            slots[max(gains, key=lambda key: (gains[key], -key[0][0]))] += 1
+        return placed()
+
+    def wants(self, k: int) -> list[tuple[ProbeRequest, float]]:
+        """The probes the next round would ask for, with their value; changes nothing. A driver
+        serving several searches at once merges these by commit."""
+        if self._limits_reached():
+            return []
+        return [(self._request(i, n), value) for i, (n, value) in sorted(self._plan(k).items())]
+
+    def _batch(self, p_lo: float, p_hi: float, rho: float) -> int:
+        lo, hi = sorted((p_lo, p_hi))
+        hi = max(hi, 3 * lo, lo + 0.05)
+        need = samples_to_decide(lo, min(hi, 1 - 1e-6), self.confidence)
+        # Design effect: a start of n samples is worth n / (1 + (n - 1) rho) independent ones.
+        if rho > 0:
+            # Past 1/rho samples a start adds little: beyond that, more starts are what helps.
+            need = math.ceil(need * (1 - rho) / (1 - need * rho)) if need * rho < 0.5 else math.ceil(2 / rho)
+        return int(min(self.max_batch, max(self.min_batch, need)))
+
+    @property
+    def done(self) -> bool:
+        return self._limits_reached() or not self._needs()
+
+    def next_probes(self, k: int = 1) -> list[ProbeRequest]:
+        """The next round: up to k probes on distinct commits not already in flight."""
+        if k < 1:
+            raise BisectError(f"k must be >= 1, got {k}")
+        reqs = [req for req, _ in self.wants(k)]
+        if reqs:
+            self.rounds += 1
+            self._in_flight.update(r.index for r in reqs)
+        return reqs
+
+    def _request(self, i: int, n: int) -> ProbeRequest:
+        room = self.max_commit_samples - self._samples_at(i)
+        if self.max_samples is not None:
+            room = min(room, max(1, self.max_samples - self.total_samples))
+        return ProbeRequest(self.commits[i], i, max(1, min(n, room)))
+
+    # ---- result ------------------------------------------------------------------------
+
+    def result(self) -> BisectReport:
+        modes = tuple(self._mode_report(m) for m in self._modes)
+        needs = self._needs()
+        probes = len(self._probes)
+        return BisectReport(modes, self.bad_endpoint(), self.confidence, not needs, len(needs), self.rounds,
+                            probes, self.total_samples,
+                            tuple((self.commits[i], r) for i, r in sorted(self._skipped.items())))
+
+    def _mode_report(self, mode: str) -> ModeReport:
+        post = self.mode_posterior(mode)
+        pts = post.points
+        changes = []
+        for a, p in enumerate(post.gap_change):
+            if p <= 0.5:
+                continue
+            lo, hi = pts[a], pts[a + 1]
+            before, after = post.segment_at(lo), post.segment_at(hi)
+            inside = [j for j in range(lo + 1, hi) if j not in self._skipped]
+            direction = Direction.REGRESSION if after.rate > before.rate else Direction.FIX
+            changes.append(Change(mode, direction, self.commits[hi], self.commits[lo + 1: hi + 1], float(p),
+                                  not inside, Rate.of(before), Rate.of(after), self.commits[lo],
+                                  not inside and p >= self.confidence))
+        good, bad = post.segments[0], post.segments[-1]
+        fails_good = pts[0] == 0 and good.failures > 0 and good.low > 0
+        fails_bad = pts[-1] == len(self.commits) - 1 and bad.failures > 0 and bad.low > 0
+        return ModeReport(mode, tuple(changes), Rate.of(good), Rate.of(bad), post.no_change, post.rho,
+                          fails_bad, fails_good)

@@ -1,0 +1,240 @@
+"""The posterior of one failure mode's rate along a commit range: piecewise constant, a few
+unknown change points, and variation between server starts. Pure: numpy and scipy only.
+
+Model, for the commits c_0 .. c_N of a first-parent range:
+
+* Each position j in 1..N is a change point (c_j is the first commit with a new rate) with
+  prior probability `1 - (1 - 1/N) ** expected_changes`-ish: independent per position, about
+  `expected_changes` in the whole range. Several changes are allowed; a rise followed by a fall
+  is a regression and its fix.
+* Each segment between change points draws its own rate from a broad prior: an atom at 0 (a mode
+  that does not occur) and a logit-uniform spread over (1e-4, 1 - 1e-4). Independent segment rates
+  favour large changes without forbidding small ones: a small change is just less likely a priori
+  and needs more samples, never a hard cut.
+* One server start (a probe) of n samples at a commit of rate r fails k times with a beta-binomial
+  law of mean r and intra-class correlation rho: a start draws its own rate around r. rho is
+  unknown, with a discrete prior that puts 40 % on 0, and is learned from the data of the mode
+  (repeated starts of a commit, and commits of one segment, disagree more than binomially when
+  rho > 0). The posterior mixes over rho.
+
+Only commits with samples ("points") enter the likelihood; a change between two neighbouring
+points can lie anywhere in the gap between them. The exact posterior over all segmentations of
+the points is a forward-backward recursion (a product-partition model, O(L^2 * grid) for L
+points), which gives for each gap the probability that the rate changes inside it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+from scipy.special import betaln
+
+FloatArray = npt.NDArray[np.float64]
+
+_LOG_ZERO = -1.0e6  # log(0) that keeps 0 * log(0) finite in vectorised sums
+_EPS = 1e-4
+
+
+def logsumexp(a: FloatArray, axis: int | None = None) -> FloatArray:
+    """log(sum(exp(a))) along `axis`; scipy's version costs ~0.5 ms a call in overhead alone."""
+    m = np.max(a, axis=axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(divide="ignore"):
+        out: FloatArray = np.log(np.sum(np.exp(a - m), axis=axis, keepdims=True)) + m
+    return np.squeeze(out, axis=axis) if axis is not None else out.reshape(())
+
+
+@dataclass(frozen=True)
+class Prior:
+    """The rate grid with its weights, the dispersion grid, and the change rate."""
+
+    rates: FloatArray
+    log_w: FloatArray
+    rhos: FloatArray
+    log_w_rho: FloatArray
+    expected_changes: float
+
+    @classmethod
+    def default(cls, *, points: int = 64, zero_mass: float = 0.5, expected_changes: float = 1.0,
+                rhos: Sequence[float] = (0.0, 0.01, 0.03, 0.1, 0.2, 0.35),
+                rho_zero_mass: float = 0.4) -> Prior:
+        lo, hi = math.log(_EPS / (1 - _EPS)), math.log((1 - _EPS) / _EPS)
+        grid = 1.0 / (1.0 + np.exp(-np.linspace(lo, hi, points)))
+        rates = np.concatenate([[0.0], grid])
+        w = np.concatenate([[zero_mass], np.full(points, (1 - zero_mass) / points)])
+        r = np.asarray(rhos, dtype=np.float64)
+        w_rho = np.where(r == 0, rho_zero_mass, (1 - rho_zero_mass) / max(1, int((r > 0).sum())))
+        return cls(rates, np.log(w), r, np.log(w_rho / w_rho.sum()), expected_changes)
+
+    def change_probability(self, n_positions: int) -> float:
+        """Prior probability that one given position is a change point."""
+        return min(0.5, self.expected_changes / max(1, n_positions))
+
+
+@dataclass(frozen=True)
+class Start:
+    """One server start at commit `index`: `failures` of `samples` in this mode."""
+
+    index: int
+    failures: int
+    samples: int
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A run of points between likely change points, with its pooled rate."""
+
+    first: int  # commit index of its first and last point
+    last: int
+    failures: int
+    samples: int
+    starts: int
+    rate: float  # pooled failures / samples
+    low: float  # 95 % interval (Wilson, on the effective sample size given the learned rho)
+    high: float
+
+
+@dataclass(frozen=True)
+class ModePosterior:
+    """For the sorted points x_0 < ... < x_{L-1}: P(change inside the gap (x_a, x_{a+1}]) per
+    gap, P(no change at all), the dispersion posterior, and the segments of the likely changes."""
+
+    points: tuple[int, ...]
+    gap_change: FloatArray  # length L - 1
+    no_change: float
+    rho_post: FloatArray
+    rho: float  # posterior mean intra-class correlation
+    segments: tuple[Segment, ...]
+
+    def segment_at(self, index: int) -> Segment:
+        for seg in self.segments:
+            if seg.first <= index <= seg.last:
+                return seg
+        raise ValueError(f"{index} is not a point of this mode")
+
+
+def start_loglik(failures: npt.ArrayLike, samples: npt.ArrayLike, prior: Prior) -> FloatArray:
+    """log P(k | n, rate, rho) without the binomial coefficient (it cancels between models),
+    for every start, rate and rho: shape (starts, rates, rhos)."""
+    k = np.asarray(failures, dtype=np.float64)[:, None, None]
+    n = np.asarray(samples, dtype=np.float64)[:, None, None]
+    r = prior.rates[None, :, None]
+    rho = prior.rhos[None, None, :]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_r = np.where(r > 0, np.log(np.maximum(r, 1e-300)), _LOG_ZERO)
+        binom = k * log_r + (n - k) * np.log1p(-r)
+        s = np.where(rho > 0, (1 - rho) / np.maximum(rho, 1e-12), 1.0)
+        a, b = r * s, (1 - r) * s
+        bb = betaln(k + a, n - k + b) - betaln(a, b)
+    out = np.where(rho > 0, bb, binom)
+    # Rate 0 allows no failure at all, whatever the dispersion.
+    out = np.where(r == 0, np.where(k > 0, _LOG_ZERO, 0.0), out)
+    return np.broadcast_to(out, (k.shape[0], prior.rates.size, prior.rhos.size)).astype(np.float64)
+
+
+def posterior(starts: Sequence[Start], n_positions: int, prior: Prior) -> ModePosterior:
+    """The change-point posterior of one mode; `n_positions` = N (commits c_1..c_N may change)."""
+    if not starts:
+        raise ValueError("a mode needs at least one start")
+    points = sorted({s.index for s in starts})
+    where = {x: i for i, x in enumerate(points)}
+    n_pts = len(points)
+    ll = start_loglik([s.failures for s in starts], [s.samples for s in starts], prior)
+    per_point = np.zeros((n_pts, prior.rates.size, prior.rhos.size))
+    np.add.at(per_point, [where[s.index] for s in starts], ll)
+    cum = np.concatenate([np.zeros((1, *per_point.shape[1:])), np.cumsum(per_point, axis=0)])
+    # seg[a, b, rho] = log ∫ prior(r) Π_{points a..b} lik(r) dr, for a <= b.
+    body = cum[None, 1:, :, :] - cum[:-1, None, :, :]
+    # Split each segment's marginal into "rate exactly 0" and "rate > 0": a change must change the
+    # rate, and two neighbouring segments that both never fail are one segment, not a change.
+    seg = np.stack([body[:, :, 0, :] + prior.log_w[0],
+                    logsumexp(body[:, :, 1:, :] + prior.log_w[None, None, 1:, None], axis=2)], axis=2)
+    valid = np.triu(np.ones((n_pts, n_pts), dtype=bool))
+    seg = np.where(valid[:, :, None, None], seg, -np.inf)  # (a, b, zero|positive, rho)
+
+    pi = prior.change_probability(n_positions)
+    gaps = np.diff(np.asarray(points, dtype=np.float64))
+    log_q = np.log1p(-np.exp(gaps * math.log1p(-pi)))  # some change in the gap
+    log_stay = gaps * math.log1p(-pi)  # no change in the gap
+    cum_stay = np.concatenate([[0.0], np.cumsum(log_stay)])
+    # No change inside a..b: the sum of log_stay over the gaps a..b-1.
+    inside = cum_stay[None, :] - cum_stay[:, None]
+    inside = np.where(valid, inside, -np.inf)
+    block = seg + inside[:, :, None, None]  # (a, b, state, rho)
+
+    n_rho = prior.rhos.size
+    # fwd[b, z]: segmentations of points 0..b whose last segment ends at b in state z;
+    # bwd[a, z]: segmentations of points a..L-1 whose first segment starts at a in state z.
+    # A zero-rate segment may only neighbour a positive one.
+    fwd = np.full((n_pts, 2, n_rho), -np.inf)
+    for b in range(n_pts):
+        terms = block[: b + 1, b].copy()  # (a, state, rho)
+        if b > 0:
+            prev = fwd[:b] + log_q[:b, None, None]
+            terms[1:, 0] += prev[:, 1]
+            terms[1:, 1] += logsumexp(prev, axis=1)
+        fwd[b] = logsumexp(terms, axis=0)
+    bwd = np.full((n_pts, 2, n_rho), -np.inf)
+    for a in range(n_pts - 1, -1, -1):
+        terms = block[a, a:].copy()  # (b, state, rho)
+        if a < n_pts - 1:
+            nxt = bwd[a + 1:] + log_q[a:, None, None]
+            terms[:-1, 0] += nxt[:, 1]
+            terms[:-1, 1] += logsumexp(nxt, axis=1)
+        bwd[a] = logsumexp(terms, axis=0)
+    log_z_rho = logsumexp(fwd[-1], axis=0)
+    log_joint_rho = log_z_rho + prior.log_w_rho
+    log_z = float(logsumexp(log_joint_rho))
+    rho_post = np.exp(log_joint_rho - log_z)
+    if n_pts > 1:
+        left, right = fwd[:-1] + log_q[:, None, None], bwd[1:]
+        pairs = np.stack([left[:, 0] + right[:, 1], left[:, 1] + right[:, 0], left[:, 1] + right[:, 1]], axis=1)
+        per_gap = logsumexp(pairs, axis=1) + prior.log_w_rho[None, :]
+        gap_change = np.exp(logsumexp(per_gap, axis=1) - log_z)
+    else:
+        gap_change = np.zeros(0)
+    no_change = float(np.exp(logsumexp(logsumexp(block[0, -1], axis=0) + prior.log_w_rho) - log_z))
+    segments = _segments(points, np.clip(gap_change, 0, 1), starts, rho_post, prior)
+    return ModePosterior(tuple(points), np.clip(gap_change, 0.0, 1.0), min(1.0, no_change), rho_post,
+                         float(np.dot(rho_post, prior.rhos)), segments)
+
+
+def _segments(points: list[int], gap_change: FloatArray, starts: Sequence[Start],
+              rho_post: FloatArray, prior: Prior) -> tuple[Segment, ...]:
+    """Split the points at gaps more likely changed than not; pool each run's counts."""
+    cuts = [0, *[a + 1 for a in range(len(gap_change)) if gap_change[a] > 0.5], len(points)]
+    rho = float(np.dot(rho_post, prior.rhos))
+    out = []
+    for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
+        first, last = points[lo], points[hi - 1]
+        mine = [s for s in starts if first <= s.index <= last]
+        k, n = sum(s.failures for s in mine), sum(s.samples for s in mine)
+        # Samples of one start are correlated: the interval uses the effective sample size.
+        per_start = n / max(1, len(mine))
+        n_eff = n / (1 + max(0.0, per_start - 1) * rho) if n else 0.0
+        low, high = wilson(k * n_eff / n if n else 0.0, n_eff)
+        out.append(Segment(first, last, k, n, len(mine), k / n if n else 0.0, low, high))
+    return tuple(out)
+
+
+def wilson(k: float, n: float, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval; real-valued counts allowed (effective sample sizes)."""
+    if n <= 0:
+        return (0.0, 1.0)
+    p = k / n
+    z2 = z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(max(0.0, p * (1 - p) / n + z2 / (4 * n * n))) / (1 + z2 / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def rate_above(starts: Sequence[Start], threshold: float, prior: Prior) -> float:
+    """P(rate >= threshold) for starts assumed to share one rate (one commit), rho mixed."""
+    ll = start_loglik([s.failures for s in starts], [s.samples for s in starts], prior).sum(axis=0)
+    log_post = ll + prior.log_w[:, None] + prior.log_w_rho[None, :]
+    w = np.exp(log_post - logsumexp(log_post)).sum(axis=1)
+    return float(w[prior.rates >= threshold].sum())
