@@ -36,8 +36,17 @@ from sweeper.errors import BisectError
 from sweeper.matrix import Cell, Matrix, ServerGroup, canonical, make_cell
 from sweeper.runner import GroupJob, GroupResult
 from sweeper.server import kill_leftovers
-from sweeper.store import PROBE_SCHEMA, RunDir, host_info, new_run_id, now_utc, open_run, table, write_atomic, \
-    write_json_atomic
+from sweeper.store import (
+    PROBE_SCHEMA,
+    RunDir,
+    host_info,
+    new_run_id,
+    now_utc,
+    open_run,
+    table,
+    write_atomic,
+    write_json_atomic,
+)
 from sweeper.suite import Suite
 from sweeper.sweep import load_suites, repo_for, spec_with_repo, sweep_gpus
 

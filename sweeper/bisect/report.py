@@ -29,6 +29,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -67,7 +68,7 @@ def _pairs(changes: Sequence[Change]) -> dict[int, tuple[str | None, str | None]
     for i, c in enumerate(changes):
         by_mode[c.mode].append(i)
     for idx in by_mode.values():
-        for a, b in zip(idx, idx[1:]):
+        for a, b in itertools.pairwise(idx):
             ca, cb = changes[a], changes[b]
             if ca.direction is Direction.REGRESSION and cb.direction is Direction.FIX \
                     and cb.after.rate < max(ca.before.rate * 1.5, ca.before.rate + 0.02):

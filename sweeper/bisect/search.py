@@ -41,7 +41,6 @@ not): its mode, direction, candidates, rates before and after, and its own confi
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum

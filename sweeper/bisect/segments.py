@@ -25,6 +25,7 @@ points), which gives for each gap the probability that the rate changes inside i
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -209,7 +210,7 @@ def _segments(points: list[int], gap_change: FloatArray, starts: Sequence[Start]
     cuts = [0, *[a + 1 for a in range(len(gap_change)) if gap_change[a] > 0.5], len(points)]
     rho = float(np.dot(rho_post, prior.rhos))
     out = []
-    for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
+    for lo, hi in itertools.pairwise(cuts):
         first, last = points[lo], points[hi - 1]
         mine = [s for s in starts if first <= s.index <= last]
         k, n = sum(s.failures for s in mine), sum(s.samples for s in mine)
