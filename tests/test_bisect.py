@@ -1,172 +1,212 @@
-"""The culprit search, driven by scripted and simulated verdicts."""
+"""The change search, driven by scripted counts: each verdict kind, several changes, several modes."""
 
 from __future__ import annotations
 
 import math
-import time
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import pytest
 
-from sweeper.bisect import (
-    EndpointIssue,
-    Phase,
-    ProbeOutcome,
-    ProbeRequest,
-    Search,
-    Verdict,
-    run,
-)
-from sweeper.bisect_sim import History, random_history, simulate
+from sweeper.bisect import BadEndpoint, BisectReport, Direction, Observation, Search
 from sweeper.errors import BisectError
 
-
-def _sim(history: History, seed: int = 0, **kwargs: object):
-    return simulate(history, np.random.default_rng(seed), **kwargs)
+Rates = Callable[[int], Mapping[str, float]]
 
 
-def test_deterministic_regression_is_plain_bisection() -> None:
-    result = _sim(History(1024, 700, 0.0, 1.0, frozenset()))
-    assert result.kind is Verdict.CULPRIT and result.culprit == "c700"
-    assert result.candidates == ("c700",) and result.confidence >= 0.99
-    # Two endpoint probes, then about log2(N) probes.
-    assert result.probes <= 2 + math.ceil(math.log2(1024)) + 2
+def drive(search: Search, rates: Rates, *, k: int = 1, skipped: frozenset[int] = frozenset(),
+          rng: np.random.Generator | None = None, icc: float = 0.0) -> BisectReport:
+    """Run the search against a history. Without `rng` the counts are scripted: round(rate * n)
+    per mode, so every verdict below is exact and repeatable; with it, multinomial draws (and a
+    per-start Beta draw of each rate when icc > 0)."""
+    while not search.done:
+        reqs = search.next_probes(k)
+        if not reqs:
+            break
+        for req in reqs:
+            if req.index in skipped:
+                search.record_skip(req.commit, "server_failed: exited with code 1")
+                continue
+            p = dict(rates(req.index))
+            if rng is None:
+                search.record(req.commit, req.samples, {m: round(r * req.samples) for m, r in p.items()})
+                continue
+            if icc > 0:
+                s = (1 - icc) / icc
+                p = {m: (rng.beta(r * s, (1 - r) * s) if 0 < r < 1 else r) for m, r in p.items()}
+            counts = rng.multinomial(req.samples, [*p.values(), max(0.0, 1 - sum(p.values()))])
+            search.record(req.commit, req.samples, dict(zip(p, map(int, counts[:-1]), strict=False)))
+    return search.result()
 
 
-def test_endpoints_are_probed_first() -> None:
-    search = Search([f"c{i}" for i in range(100)])
-    assert search.phase is Phase.ENDPOINTS
-    assert {r.commit for r in search.next_probes(4)} == {"c0", "c99"}
+def commits(n: int) -> list[str]:
+    return [f"c{i}" for i in range(n + 1)]
 
 
-def test_culprit_next_to_skipped_commits_is_a_candidate_set() -> None:
-    result = _sim(History(20, 10, 0.0, 1.0, frozenset({8, 9})), parallel=2)
-    assert result.kind is Verdict.CULPRIT and result.culprit == "c10"
-    assert result.candidates == ("c8", "c9", "c10")
-    skipped = {c.commit for c in result.counts if c.skipped}
-    assert skipped <= {"c8", "c9"}
+def changes(report: BisectReport) -> list[tuple[str, str, str]]:
+    return [(c.mode, c.direction.value, c.commit) for c in report.changes if c.found]
 
 
-@pytest.mark.parametrize("parallel", [1, 4])
-def test_good_endpoint_fails(parallel: int) -> None:
-    result = _sim(History(50, 0, 0.0, 0.5, frozenset()), parallel=parallel)
-    assert result.kind is Verdict.ENDPOINT_PROBLEM and result.endpoint_issue is EndpointIssue.GOOD_FAILS
-    assert result.culprit is None and result.candidates == ()
-    assert result.p_good > 0.1
+def test_deterministic_regression_is_found_in_about_log2_n_probes() -> None:
+    report = drive(Search(commits(1024)), lambda i: {"json_schema": 1.0 if i >= 700 else 0.0})
+    assert changes(report) == [("json_schema", "regression", "c700")]
+    (change,) = report.changes
+    assert change.candidates == ("c700",) and change.last_before == "c699"
+    assert change.before.failures == 0 and change.after.rate == 1.0
+    assert report.done and report.bad_endpoint is BadEndpoint.FAILS
+    # Two starts at each endpoint, then about log2(N) probes, a few of them repeated to settle.
+    assert report.probes <= 4 + math.ceil(math.log2(1024)) + 6
 
 
-def test_bad_endpoint_passes() -> None:
-    result = _sim(History(50, None, 0.0, 0.5, frozenset()), parallel=2)
-    assert result.kind is Verdict.ENDPOINT_PROBLEM and result.endpoint_issue is EndpointIssue.BAD_PASSES
-    assert result.culprit is None and result.confidence >= 0.99
+def test_endpoints_get_two_server_starts_before_anything_else() -> None:
+    search = Search(commits(100))
+    first = search.next_probes(8)
+    assert {r.commit for r in first} == {"c0", "c100"}
+    for r in first:
+        search.record(r.commit, r.samples, {"a": r.samples // 2 if r.commit == "c100" else 0})
+    assert {r.commit for r in search.next_probes(8)} == {"c0", "c100"}
 
 
-def test_untestable_endpoint() -> None:
-    search = Search(["a", "b", "c"])
-    search.record_skip("c", "install_failed")
-    result = search.result()
-    assert search.done and result.kind is Verdict.ENDPOINT_PROBLEM
-    assert result.endpoint_issue is EndpointIssue.BAD_UNTESTABLE and result.culprit is None
+def test_a_regression_and_its_fix_in_one_range() -> None:
+    report = drive(Search(commits(200)), lambda i: {"fsm": 0.3 if 60 <= i < 150 else 0.0,
+                                                    "whitespace": 0.2 if i >= 150 else 0.0}, k=4)
+    found = changes(report)
+    assert ("fsm", "regression", "c60") in found
+    assert ("fsm", "fix", "c150") in found
+    assert ("whitespace", "regression", "c150") in found
+    assert len(found) == 3
+    fsm = next(m for m in report.modes if m.mode == "fsm")
+    assert not fsm.fails_at_bad and not fsm.fails_at_good
+    ws = next(m for m in report.modes if m.mode == "whitespace")
+    assert ws.fails_at_bad and ws.started is not None and ws.started.commit == "c150"
+    assert [m.mode for m in report.failing_at_bad] == ["whitespace"]
 
 
-def test_no_culprit_when_both_endpoints_fail_alike() -> None:
-    result = _sim(History(50, None, 0.03, 0.5, frozenset()), parallel=2)
-    assert result.kind is Verdict.NO_CULPRIT and result.culprit is None
-    assert result.confidence >= 0.99
+def test_two_modes_in_one_probe_each_get_their_own_change() -> None:
+    report = drive(Search(commits(100)), lambda i: {"budget": 0.5 if i >= 90 else 0.0,
+                                                    "whitespace": 0.2 if i >= 37 else 0.0}, k=2)
+    assert sorted(changes(report)) == [("budget", "regression", "c90"), ("whitespace", "regression", "c37")]
+    # One probe informs both searches: no commit was probed for one mode alone more than needed.
+    assert report.probes < 2 * (4 + 2 * math.ceil(math.log2(100)))
 
 
-def test_limits_give_undecided_with_best_guess() -> None:
-    result = _sim(History(500, 321, 0.01, 0.08, frozenset()), max_rounds=6)
-    assert result.kind is Verdict.UNDECIDED and result.rounds == 6
-    assert result.confidence < 0.99
+def test_two_steps_of_one_mode() -> None:
+    report = drive(Search(commits(100)), lambda i: {"a": 0.4 if i >= 70 else (0.1 if i >= 30 else 0.0)},
+                   k=4, rng=np.random.default_rng(3))
+    assert changes(report) == [("a", "regression", "c30"), ("a", "regression", "c70")]
+    first, second = report.changes
+    assert first.before.rate == 0.0 and 0.05 < first.after.rate < 0.2 and 0.3 < second.after.rate < 0.5
+
+
+def test_change_next_to_untestable_commits_names_them_as_candidates() -> None:
+    report = drive(Search(commits(20)), lambda i: {"a": 1.0 if i >= 10 else 0.0}, k=2,
+                   skipped=frozenset({8, 9}))
+    (change,) = report.changes
+    assert change.found and change.commit == "c10" and change.candidates == ("c8", "c9", "c10")
+    assert {c for c, _ in report.skipped} <= {"c8", "c9"}
+
+
+def test_bad_endpoint_passes_after_enough_clean_samples() -> None:
+    search = Search(commits(50))
+    report = drive(search, lambda i: {})
+    assert report.bad_endpoint is BadEndpoint.PASSES and report.changes == () and report.done
+    need = math.ceil(math.log(0.01) / math.log(0.99))  # no failure in this many: rate < 1% at 99%
+    assert sum(o.samples for o in search.observations if o.commit == "c50") >= need
+
+
+def test_a_rare_regression_at_bad_is_not_dismissed_after_a_few_clean_requests() -> None:
+    # 1 in 50 at bad: the old early exit gave up after 8 clean requests; now a verdict needs data.
+    report = drive(Search(commits(40)), lambda i: {"a": 0.02 if i >= 25 else 0.0}, k=4,
+                   rng=np.random.default_rng(7))
+    assert report.bad_endpoint is BadEndpoint.FAILS
+    assert ("a", "regression", "c25") in changes(report)
+
+
+def test_bad_endpoint_untestable() -> None:
+    report = drive(Search(commits(30)), lambda i: {"a": 0.5}, skipped=frozenset({30}))
+    assert report.bad_endpoint is BadEndpoint.UNTESTABLE and report.changes == ()
+
+
+def test_failing_at_good_alike_is_no_change() -> None:
+    report = drive(Search(commits(60)), lambda i: {"a": 0.3}, k=4)
+    (mode,) = report.modes
+    assert report.changes == () and mode.fails_at_good and mode.fails_at_bad and mode.started is None
+    assert mode.no_change > 0.5
+
+
+def test_change_at_either_end_of_the_range() -> None:
+    first = drive(Search(commits(50)), lambda i: {"a": 0.5 if i >= 1 else 0.0}, k=2)
+    last = drive(Search(commits(50)), lambda i: {"a": 0.5 if i >= 50 else 0.0}, k=2)
+    assert changes(first) == [("a", "regression", "c1")]
+    assert changes(last) == [("a", "regression", "c50")]
+
+
+def test_per_start_variation_is_learned_and_the_change_still_found() -> None:
+    report = drive(Search(commits(100)), lambda i: {"a": 0.3 if i >= 40 else 0.0}, k=4,
+                   rng=np.random.default_rng(11), icc=0.3)
+    assert ("a", "regression", "c40") in changes(report)
+    assert report.modes[0].rho > 0.1
+
+
+def test_limits_leave_an_honest_undecided_report() -> None:
+    report = drive(Search(commits(500), max_samples=400), lambda i: {"a": 0.05 if i >= 321 else 0.0}, k=2,
+                   rng=np.random.default_rng(5))
+    assert not report.done and report.open_gaps > 0
+    assert not any(c.found for c in report.changes)
+    unsettled = [c for c in report.changes if not c.found]
+    assert all(c.confidence < 1 for c in unsettled)
 
 
 def test_parallel_probes_take_fewer_rounds() -> None:
-    def rounds(k: int) -> float:
-        rng = np.random.default_rng(7)
-        return float(np.mean([simulate(random_history(rng, n_min=200, n_max=2000), rng, parallel=k).rounds
-                              for _ in range(30)]))
-
-    assert rounds(4) < 0.7 * rounds(1)
-
-
-def test_flaky_probes_stop_early_on_a_clean_baseline() -> None:
-    search = Search([f"c{i}" for i in range(64)])
-    search.record("c0", 0, 200)  # a clean baseline: one failure marks a commit bad
-    search.record("c63", 100, 200)
-    assert search.phase is Phase.SEARCH
-    (req,) = search.next_probes(1)
-    assert req.stop_after_failures == 1 and req.commit not in ("c0", "c63")
+    history = lambda i: {"a": 0.3 if i >= 613 else 0.0}  # noqa: E731
+    one = drive(Search(commits(1000)), history, k=1, rng=np.random.default_rng(1))
+    four = drive(Search(commits(1000)), history, k=4, rng=np.random.default_rng(1))
+    assert ("a", "regression", "c613") in changes(one) and ("a", "regression", "c613") in changes(four)
+    assert four.rounds < one.rounds
 
 
 def test_resume_replays_observations_and_spends_nothing_twice() -> None:
-    history = History(300, 123, 0.01, 0.3, frozenset({50, 122}))
-    rng = np.random.default_rng(3)
-    search = Search(history.commits)
-
-    def probe(req: ProbeRequest) -> ProbeOutcome:
-        if req.index in history.skipped:
-            return ProbeOutcome.skip("server_failed")
-        return ProbeOutcome(int(rng.binomial(req.samples, history.rate(req.index))), req.samples)
-
-    for _ in range(5):
-        for req in search.next_probes(2):
-            out = probe(req)
-            if out.skip_reason:
-                search.record_skip(req.commit, out.skip_reason)
-            else:
-                search.record(req.commit, out.failures, out.samples)
-    resumed = Search.from_observations(history.commits, search.observations)
-    assert resumed.result() == search.result()
-    assert resumed.next_probes(2) == search.next_probes(2)
-    final = run(resumed, probe, parallel=2)
-    assert final.kind is Verdict.CULPRIT and "c123" in final.candidates
-    assert final.samples == sum(o.samples for o in resumed.observations)
+    history = lambda i: {"a": 0.25 if 30 <= i < 70 else 0.0, "b": 0.4 if i >= 70 else 0.0}  # noqa: E731
+    full = Search(commits(100))
+    drive(full, history, k=3)
+    part = Search(commits(100))
+    for _ in range(3):
+        for req in part.next_probes(3):
+            p = history(req.index)
+            part.record(req.commit, req.samples, {m: round(r * req.samples) for m, r in p.items()})
+    resumed = Search.from_observations(commits(100), part.observations)
+    assert resumed.rounds == part.rounds
+    assert [r.commit for r in resumed.next_probes(3)] == [r.commit for r in part.next_probes(3)]
+    report = drive(Search.from_observations(commits(100), part.observations), history, k=3)
+    assert changes(report) == changes(full.result())
 
 
 def test_widened_range_keeps_old_samples() -> None:
-    old = Search(["c5", "c6", "c7"])
-    old.record("c5", 3, 8)
-    old.record("c7", 4, 8)
-    wider = Search.from_observations([f"c{i}" for i in range(8)], old.observations)
-    assert wider.total_samples == 16
+    old = Search(commits(20)[10:])
+    old.record("c10", 50, {"a": 10})
+    old.record("c20", 50, {"a": 10})
+    wider = Search.from_observations(commits(20), old.observations)
+    assert wider.total_samples == 100 and wider.modes == ("a",)
 
 
 def test_bad_input() -> None:
-    with pytest.raises(BisectError, match="need a good and a bad"):
-        Search(["only"])
-    search = Search(["a", "b"])
-    with pytest.raises(BisectError, match="not one of the 2 candidates"):
-        search.record("zzz", 0, 1)
-    with pytest.raises(BisectError, match="failures <= samples"):
-        search.record("a", 3, 2)
-
-
-def test_simulated_histories_are_right_and_calibrated() -> None:
-    """1,000 random histories: N log-uniform in 10..3,000, p_bad 0.05..1, p_good 0..0.02,
-    5 % untestable commits, K in {1, 2, 4, 8}."""
-    start = time.perf_counter()
-    rng = np.random.default_rng(2026)
-    confidences, right = [], []
-    for i in range(1000):
-        history = random_history(rng)
-        result = simulate(history, rng, parallel=(1, 2, 4, 8)[i % 4], confidence=0.99,
-                          max_samples_per_probe=5000)
-        confidences.append(result.confidence)
-        right.append(history.is_right(result))
-    confidences_a, right_a = np.array(confidences), np.array(right)
-    assert right_a.mean() >= 0.99
-    for c in (0.9, 0.95, 0.99):
-        assert right_a[confidences_a >= c].mean() >= c
-    # A looser target: the search stops sooner and its reported confidence still holds.
-    confidences, right = [], []
-    for i in range(300):
-        history = random_history(rng)
-        result = simulate(history, rng, parallel=(1, 2, 4, 8)[i % 4], confidence=0.9,
-                          max_samples_per_probe=5000)
-        confidences.append(result.confidence)
-        right.append(history.is_right(result))
-    confidences_a, right_a = np.array(confidences), np.array(right)
-    for c in (0.8, 0.9):
-        assert right_a[confidences_a >= c].mean() >= c
-    assert time.perf_counter() - start < 90
+    with pytest.raises(BisectError):
+        Search(["c0"])
+    with pytest.raises(BisectError):
+        Search(["c0", "c0"])
+    with pytest.raises(BisectError):
+        Search(commits(3), confidence=1.5)
+    search = Search(commits(3))
+    with pytest.raises(BisectError):
+        search.record("c9", 10, {})
+    with pytest.raises(BisectError):
+        search.record("c1", 10, {"a": 6, "b": 5})
+    with pytest.raises(BisectError):
+        search.record("c1", 10, {"a": -1})
+    search.record_skip("c1", "install_failed")
+    with pytest.raises(BisectError):
+        search.record("c1", 10, {})
+    with pytest.raises(BisectError):
+        search.next_probes(0)
+    assert Observation("c1", skip_reason="install_failed") in search.observations
+    assert Direction.FIX.value == "fix"

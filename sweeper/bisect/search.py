@@ -20,7 +20,8 @@ commits the posterior gives the probability that the mode's rate changes inside 
 How a round is chosen. Every mode names the commits it wants, each with a value:
 * the endpoints, until each has two server starts (a rate resting on one start cannot tell a
   regression from per-start variation);
-* the bad endpoint again while nothing fails there and P(rate >= min_rate) is still undecided;
+* the bad endpoint again while nothing fails there, until enough clean samples bound its rate
+  below `min_rate` at `confidence` (then it "passes");
 * nothing for a mode whose rate is credibly below `min_rate` everywhere (its 95 % upper bounds):
   changes that small are below the search's resolution, so the mode is reported, not searched;
 * inside a gap that may hold a change (P >= `explore`) and still has untested commits: evenly
@@ -45,7 +46,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from sweeper.bisect.segments import ModePosterior, Prior, Segment, Start, posterior, rate_above
+from sweeper.bisect.segments import ModePosterior, Prior, Segment, Start, posterior
 from sweeper.errors import BisectError
 from sweeper.stats import samples_to_decide
 
@@ -175,7 +176,7 @@ class Search:
     def __init__(self, commits: Sequence[str], *, confidence: float = 0.99, max_samples: int | None = None,
                  max_rounds: int | None = None, max_starts_per_commit: int = 6,
                  max_samples_per_commit: int = 4000, first_batch: int = 64, min_batch: int = 16,
-                 max_batch: int = 1000, min_rate: float = 0.01, explore: float = 0.02,
+                 max_batch: int = 1000, min_rate: float = 0.01, explore: float = 0.05,
                  endpoint_starts: int = 2, prior: Prior | None = None) -> None:
         if len(commits) < 2:
             raise BisectError(f"need a good and a bad commit, got {len(commits)} commit(s)")
@@ -295,10 +296,14 @@ class Search:
         at_bad = [p for p in self._probes if p.index == last]
         if any(p.failures for p in at_bad):
             return BadEndpoint.FAILS
-        starts = [Start(last, 0, p.samples) for p in at_bad]
-        if starts and rate_above(starts, self.min_rate, self.prior) <= 1 - self.confidence:
+        # Prior-free: with no failure in n >= log(1 - c) / log(1 - min_rate) samples, a rate of
+        # min_rate or more would have shown one with probability c (a one-sided exact bound).
+        if sum(p.samples for p in at_bad) >= self._clean_needed():
             return BadEndpoint.PASSES
         return BadEndpoint.UNDECIDED
+
+    def _clean_needed(self) -> int:
+        return math.ceil(math.log(1 - self.confidence) / math.log1p(-self.min_rate))
 
     # ---- ask ---------------------------------------------------------------------------
 
@@ -312,9 +317,8 @@ class Search:
         if needs:
             return needs
         if self.bad_endpoint() is BadEndpoint.UNDECIDED and self._probeable(last):
-            # Enough for P(rate >= min_rate) <= 1 - confidence if the next batch is clean too.
-            need = math.ceil(math.log(1 - self.confidence) / math.log1p(-self.min_rate))
-            needs.append(_Need(1.0, (last,), max(self.min_batch, need - self._samples_at(last))))
+            # Enough to say "passes" if the next batch is clean too.
+            needs.append(_Need(1.0, (last,), max(self.min_batch, self._clean_needed() - self._samples_at(last))))
         for mode in self._modes:
             post = self.mode_posterior(mode)
             if max(seg.high for seg in post.segments) < self.min_rate:

@@ -231,11 +231,3 @@ def wilson(k: float, n: float, z: float = 1.96) -> tuple[float, float]:
     centre = (p + z2 / (2 * n)) / (1 + z2 / n)
     half = z * math.sqrt(max(0.0, p * (1 - p) / n + z2 / (4 * n * n))) / (1 + z2 / n)
     return (max(0.0, centre - half), min(1.0, centre + half))
-
-
-def rate_above(starts: Sequence[Start], threshold: float, prior: Prior) -> float:
-    """P(rate >= threshold) for starts assumed to share one rate (one commit), rho mixed."""
-    ll = start_loglik([s.failures for s in starts], [s.samples for s in starts], prior).sum(axis=0)
-    log_post = ll + prior.log_w[:, None] + prior.log_w_rho[None, :]
-    w = np.exp(log_post - logsumexp(log_post)).sum(axis=1)
-    return float(w[prior.rates >= threshold].sum())
