@@ -158,7 +158,7 @@ def test_limits_leave_an_honest_undecided_report() -> None:
 
 
 def test_parallel_probes_take_fewer_rounds() -> None:
-    history = lambda i: {"a": 0.3 if i >= 613 else 0.0}  # noqa: E731
+    history = lambda i: {"a": 0.3 if i >= 613 else 0.0}
     one = drive(Search(commits(1000)), history, k=1, rng=np.random.default_rng(1))
     four = drive(Search(commits(1000)), history, k=4, rng=np.random.default_rng(1))
     assert ("a", "regression", "c613") in changes(one) and ("a", "regression", "c613") in changes(four)
@@ -166,7 +166,7 @@ def test_parallel_probes_take_fewer_rounds() -> None:
 
 
 def test_resume_replays_observations_and_spends_nothing_twice() -> None:
-    history = lambda i: {"a": 0.25 if 30 <= i < 70 else 0.0, "b": 0.4 if i >= 70 else 0.0}  # noqa: E731
+    history = lambda i: {"a": 0.25 if 30 <= i < 70 else 0.0, "b": 0.4 if i >= 70 else 0.0}
     full = Search(commits(100))
     drive(full, history, k=3)
     part = Search(commits(100))
