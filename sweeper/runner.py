@@ -28,8 +28,9 @@ from sweeper.matrix import Cell, MatrixFile, ServerGroup, canonical
 from sweeper.replay import Reply, Request, run_replay
 from sweeper.server import ServerProcess, free_port, new_api_key, tail
 from sweeper.stats import wilson
-from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, now_utc, table
+from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, table
 from sweeper.suite import Suite, expand
+from sweeper.vllm.logs import LogIndex
 
 CONTENT_TAIL_CHARS = 200
 # Env the sweeper's own process carries that must not leak into a server (Ray's, the driver's).
@@ -67,6 +68,9 @@ class GroupResult:
     samples: pa.Table
     cells: pa.Table
     statuses: dict[str, str] = field(default_factory=dict)
+    # Seconds per phase (install, startup, replay, postprocess, total) on the worker: benchmarks
+    # and the driver's schedule read them; they are not stored.
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def status(self) -> str:
@@ -111,6 +115,7 @@ def run_group(job: GroupJob) -> GroupResult:
                                          cache_dir=Path(job.cache_dir) if job.cache_dir else None)
     except (InstallError, SweepError) as exc:
         return base.failed(Status.INSTALL_FAILED, str(exc), "", time.monotonic() - t_start, started=False)
+    timings = {"install": time.monotonic() - t_start}
     base.version = installed.version
     port, api_key = free_port(), new_api_key()
     try:
@@ -129,6 +134,7 @@ def run_group(job: GroupJob) -> GroupResult:
         # in_use: cache eviction on this node never removes an environment a server runs from.
         with environments.in_use(installed), server:
             base.startup_s = server.startup_s
+            t_replay = time.monotonic()
             before = metrics.scrape(server.base_url, api_key)
             outcome = run_replay(server.base_url, api_key, [r for _, _, r in requests],
                                  concurrency=job.spec.concurrency, timeout_s=job.spec.timeouts.request_s,
@@ -136,9 +142,12 @@ def run_group(job: GroupJob) -> GroupResult:
             alive_after = server.alive()
             after = metrics.scrape(server.base_url, api_key) if alive_after else None
             log_text = server.log_text()
+            timings["replay"] = time.monotonic() - t_replay
     except ServerError as exc:
         log = exc.log_tail or tail(log_path)
         return base.failed(exc.status, str(exc), log, time.monotonic() - t_start, started=True)
+    t_post = time.monotonic()
+    timings["startup"] = base.startup_s or 0.0
     status, detail = Status.OK, ""
     if outcome.aborted == "crashed" or not alive_after:
         status = Status.CRASHED
@@ -148,24 +157,33 @@ def run_group(job: GroupJob) -> GroupResult:
         detail = f"requests stopped answering; {outcome.unsent} requests not sent"
     elif any(r.timed_out for r in outcome.replies):
         detail = f"{sum(r.timed_out for r in outcome.replies)} requests timed out"
-    log_lines = log_text.splitlines()
+    # One pass over the log indexes every request's lines: a per-sample scan of the whole log made
+    # post-processing quadratic in the requests of a group.
+    log_index = LogIndex(log_text.splitlines())
     effective = vllm.effective_config(log_text)
     spec_figures = metrics.spec_decode(before, after) if after is not None else {}
     finger = fingerprint.collect(installed)
     by_rid = {r.request.request_id: r for r in outcome.replies}
     samples: list[dict[str, Any]] = []
+    by_cell: dict[str, list[dict[str, Any]]] = {c.cell_id: [] for c in cells}
     for cell, case, req in requests:
         reply = by_rid.get(req.request_id)
         if reply is None:
             continue  # never sent: the server was already gone
-        samples.append(base.sample(cell, case, reply, log_lines))
+        sample = base.sample(cell, case, reply, log_index)
+        samples.append(sample)
+        by_cell[cell.cell_id].append(sample)
     duration = time.monotonic() - t_start
-    cell_rows = [base.cell_row(cell, [s for s in samples if s["cell_id"] == cell.cell_id], status=status,
-                               detail=detail, log_tail=tail(log_path) if status != Status.OK else "",
+    log_tail = tail(log_path) if status != Status.OK else ""
+    cell_rows = [base.cell_row(cell, by_cell[cell.cell_id], status=status, detail=detail, log_tail=log_tail,
                                duration=duration, effective=effective, spec=spec_figures, finger=finger)
                  for cell in cells]
-    return GroupResult(group.group_id, table(samples, SAMPLE_SCHEMA), table(cell_rows, CELL_SCHEMA),
-                       {c.cell_id: status for c in cells})
+    result = GroupResult(group.group_id, table(samples, SAMPLE_SCHEMA), table(cell_rows, CELL_SCHEMA),
+                         {c.cell_id: status for c in cells})
+    timings["postprocess"] = time.monotonic() - t_post
+    timings["total"] = time.monotonic() - t_start
+    result.timings = timings
+    return result
 
 
 class _CellBase:
@@ -187,9 +205,9 @@ class _CellBase:
             "suite": self.job.suite.name, "suite_digest": self.job.suite.digest,
         }
 
-    def sample(self, cell: Cell, case: Any, reply: Reply, log_lines: Sequence[str]) -> dict[str, Any]:
+    def sample(self, cell: Cell, case: Any, reply: Reply, log_index: LogIndex) -> dict[str, Any]:
         response = reply.response
-        rid_lines = tuple(vllm.request_log_lines(log_lines, reply.request.request_id, response))
+        rid_lines = tuple(log_index.lines_for(reply.request.request_id, response))
         verdicts = run_checks(case.checks, Exchange(request=reply.request.body, http_status=reply.http_status,
                                                     response=response, error=reply.error, log_lines=rid_lines))
         failed = [v for v in verdicts if not v.passed]

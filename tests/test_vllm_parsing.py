@@ -7,6 +7,7 @@ shortened), so these tests pin the parsers to real lines without starting anythi
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from sweeper.vllm import (
     request_log_lines,
     serve_command,
 )
+from sweeper.vllm.logs import LogIndex
 
 DATA = Path(__file__).parent / "data" / "vllm"
 
@@ -182,6 +184,28 @@ def test_request_lines_match_the_id_exactly() -> None:
     assert error_lines(REQUEST_LOG, "rq-1") == [REQUEST_LOG[3]]
     assert len(error_lines(REQUEST_LOG)) == 2
     assert request_log_lines(REQUEST_LOG, "other", {"id": "chatcmpl-rq-10"}) == [REQUEST_LOG[2], REQUEST_LOG[4]]
+
+
+def test_log_index_finds_the_same_lines_as_the_scan() -> None:
+    """The one-pass index and the per-request regex scan agree on every line, for ids with prefixes,
+    engine suffixes, dots, neighbours that share a prefix, and ids the index cannot hold."""
+    index = LogIndex(REQUEST_LOG)
+    for rid in ("rq-1", "chatcmpl-rq-10", "rq-10-afc1ec0c", "rq", "other"):
+        assert index.lines_for(rid) == request_log_lines(REQUEST_LOG, rid)
+    assert index.lines_for("other", {"id": "chatcmpl-rq-10"}) == request_log_lines(
+        REQUEST_LOG, "other", {"id": "chatcmpl-rq-10"})
+
+    rng = random.Random(7)
+    ids = ["a", "a-1", "a-1-2", "a.b", "x.a", "a.b.c", "cmpl-a", "q_9", "é-1", "a.b.c.d.e.f.g.h.i.j", "a:b", ""]
+    words = ["chatcmpl-", "cmpl-", "-", ".", ":", " ", "'", "=", "-0123abcd", "-0123ABCD", "-deadbeef9", "x", "", "\t"]
+    lines = []
+    for _ in range(400):
+        parts = [rng.choice(words + ids) for _ in range(rng.randint(1, 8))]
+        lines.append("INFO 11-29 08:16:40 [x.py:1] " + "".join(parts))
+    index = LogIndex(lines)
+    for rid in ids + ["chatcmpl-a", "cmpl-a-1", "a-0123abcd"]:
+        assert index.lines_for(rid) == request_log_lines(lines, rid), rid
+        assert index.lines_for("zz", {"id": rid}) == request_log_lines(lines, "zz", {"id": rid}), rid
 
 
 # --- metrics --------------------------------------------------------------------------------------
