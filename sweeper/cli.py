@@ -182,7 +182,8 @@ def model_tiny(directory: Annotated[Path, typer.Argument(help="Folder to write t
 def bisect_cmd(
     good: Annotated[str, typer.Option("--good", help="A commit that passes (v0.27 means the v0.27.0 tag).")],
     bad: Annotated[str, typer.Option("--bad", help="A later commit that fails (main, a tag, a sha).")],
-    matrix: Annotated[Path, typer.Option("--matrix", help="Matrix file whose settings the probes use.")],
+    matrix: Annotated[Optional[Path], typer.Option("--matrix", help="Matrix file whose settings the probes use (default: the latest sweep run's, bisecting each cell that changed).")] = None,
+    run: Annotated[Optional[str], typer.Option("--run", help="The sweep run to take the matrix and failing cells from (default: the latest).")] = None,
     where: Annotated[Optional[list[str]], typer.Option("--where", help="AXIS=VALUE picking one cell of the matrix (repeatable).")] = None,
     repo: Annotated[Optional[str], typer.Option(help="The vLLM repository (path or URL); default: the matrix's install.repo.")] = None,
     parallel: Annotated[Optional[int], typer.Option(help="Probes per round (default: the free GPU slots of the cluster).")] = None,
@@ -198,11 +199,14 @@ def bisect_cmd(
 ) -> None:
     """Find every change in the range: each failure mode's regressions and fixes, even when only some requests fail.
 
-    Example: sweep bisect --good v0.27 --bad main --matrix matrices/demo.yaml --where spec_method=mtp --where num_speculative_tokens=4 --where env.VLLM_USE_V2_MODEL_RUNNER=0
+    After `sweep matrix FILE`, `sweep bisect --good v0.27 --bad main` bisects every cell of that run that fails
+    differently at bad than at good, sharing installs and server starts between cells.
+
+    Example: sweep bisect --good v0.27 --bad main --matrix matrices/demo.yaml --where spec_method=mtp --where env.VLLM_USE_V2_MODEL_RUNNER=1
     """
     from sweeper.bisect import driver, report
 
-    outcome = driver.run_bisect(matrix_path=matrix, good=good, bad=bad, where=where or [], repo=repo,
+    outcome = driver.run_bisect(matrix_path=matrix, from_run=run, good=good, bad=bad, where=where or [], repo=repo,
                                     parallel=parallel, confidence=confidence, max_samples=max_samples,
                                     runs_dir=runs_dir, run_id=run_id, resume=resume, address=address, gpus=gpus,
                                     cache_dir=cache_dir, widen=widen,

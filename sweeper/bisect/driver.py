@@ -327,25 +327,128 @@ def _with_group(tbl: pa.Table, name: str) -> pa.Table:
     return tbl.set_column(i, tbl.schema.field(i), pa.array([name] * tbl.num_rows, pa.string()))
 
 
-def run_bisect(*, matrix_path: Path, good: str, bad: str, where: Sequence[str] = (), repo: str | None = None,
-               parallel: int | None = None, confidence: float = 0.99, max_samples: int | None = None,
-               runs_dir: Path = Path("runs"), run_id: str | None = None, resume: str | None = None,
-               address: str | None = None, gpus: float | None = None, cache_dir: Path | None = None,
-               widen: bool = False, all_cells: bool = False,
+def run_bisect(*, good: str, bad: str, matrix_path: Path | None = None, from_run: str | None = None,
+               where: Sequence[str] = (), repo: str | None = None, parallel: int | None = None,
+               confidence: float = 0.99, max_samples: int | None = None, runs_dir: Path = Path("runs"),
+               run_id: str | None = None, resume: str | None = None, address: str | None = None,
+               gpus: float | None = None, cache_dir: Path | None = None, widen: bool = False,
                on_event: Callable[[str], None] = lambda _: None) -> BisectOutcome:
-    """Bisect the cell `where` picks (every matching cell with `all_cells`) between good and bad."""
+    """Bisect between good and bad. With `matrix_path`, the one cell `where` picks; without it, every
+    cell of a sweep run (the latest, or `from_run`) that fails differently at bad than at good."""
     from sweeper.matrix import load_matrix
 
-    matrix = load_matrix(matrix_path)
-    if repo:
-        matrix = dataclasses.replace(matrix, spec=matrix.spec.model_copy(
-            update={"install": matrix.spec.install.model_copy(update={"repo": repo})}))
-    cells = select_cells(matrix, where) if all_cells else [select_cell(matrix, where)]
+    if resume and matrix_path is None:
+        # The cells of an interrupted bisect are in its manifest, whatever runs came since.
+        old = open_run(runs_dir, resume, create=False).read_manifest()
+        matrix = _with_repo(load_matrix(old.get("matrix_path", "")), repo)
+        keys = set(old.get("settings_keys", []))
+        cells = list({c.settings_key: c for c in matrix.cells if c.settings_key in keys}.values())
+    elif matrix_path is not None:
+        matrix = _with_repo(load_matrix(matrix_path), repo)
+        cells = [select_cell(matrix, where)]
+    else:
+        matrix, cells = cells_from_run(runs_dir, from_run, good, bad, where, repo, on_event)
     suite = load_suites(matrix.suite_paths)
     return bisect_cells(matrix=matrix, cells=cells, suite=suite, good=good, bad=bad, parallel=parallel,
                         confidence=confidence, max_samples=max_samples, runs_dir=runs_dir, run_id=run_id,
                         resume=resume, address=address, gpus=gpus, cache_dir=cache_dir, widen=widen,
                         on_event=on_event)
+
+
+def _with_repo(matrix: Matrix, repo: str | None) -> Matrix:
+    if not repo:
+        return matrix
+    return dataclasses.replace(matrix, spec=matrix.spec.model_copy(
+        update={"install": matrix.spec.install.model_copy(update={"repo": repo})}))
+
+
+def sweep_run(runs_dir: Path, run_id: str | None) -> RunDir:
+    """The sweep run a bisect starts from: `run_id`, or the latest `sweep matrix` run."""
+    if run_id is not None:
+        run = open_run(runs_dir, run_id, create=False)
+        if run.read_manifest().get("kind") != "matrix":
+            raise BisectError(f"run {run_id} is not a sweep run (`sweep matrix`); pass a sweep run's id to --run")
+        return run
+    sweeps = [r for r in analysis.run_dirs(runs_dir) if _kind(r) == "matrix"]
+    if not sweeps:
+        raise BisectError(f"no sweep run under {runs_dir}: run `sweep matrix MATRIX.yaml` first, "
+                          "or pass --matrix MATRIX.yaml --where AXIS=VALUE")
+    return sweeps[-1]
+
+
+def _kind(run: RunDir) -> str | None:
+    try:
+        kind = run.read_manifest().get("kind")
+    except (OSError, ValueError):
+        return None
+    return kind if isinstance(kind, str) else None
+
+
+def cells_from_run(runs_dir: Path, from_run: str | None, good: str, bad: str, where: Sequence[str],
+                   repo: str | None, on_event: Callable[[str], None]) -> tuple[Matrix, list[Cell]]:
+    """The matrix of a sweep run and its cells worth bisecting: those where some failure mode is
+    credibly more (a regression) or less (a fix) frequent at bad than at good, by Fisher's exact test
+    at 1 %, Bonferroni-corrected over the modes tried; and cells the run did not measure at both
+    endpoints but saw failing somewhere (the bisect measures their endpoints first)."""
+    from scipy.stats import fisher_exact
+
+    from sweeper.matrix import load_matrix, short_hash
+
+    run = sweep_run(runs_dir, from_run)
+    manifest = run.read_manifest()
+    path = Path(str(manifest.get("matrix_path", "")))
+    if not path.is_file():
+        raise BisectError(f"run {run.run_id}: its matrix {path} is gone; pass --matrix FILE --where AXIS=VALUE")
+    matrix = _with_repo(load_matrix(path), repo)
+    if short_hash(matrix.raw, 16) != manifest.get("matrix_digest"):
+        raise BisectError(f"run {run.run_id}: {path} changed since the run; run `sweep matrix {path}` again, "
+                          "or pass --matrix")
+    suite = load_suites(matrix.suite_paths)
+    if suite.digest != manifest.get("suite_digest"):
+        raise BisectError(f"run {run.run_id}: its suite changed since the run; run `sweep matrix {path}` again")
+    repo_path = repo_for(matrix, runs_dir)
+    if repo_path is None:
+        raise BisectError("bisect needs a repository of commits: set install.repo in the matrix or pass --repo")
+    good_sha, bad_sha = gitrepo.resolve(repo_path, good), gitrepo.resolve(repo_path, bad)
+    candidates = {c.settings_key: c for c in (select_cells(matrix, where) if where else matrix.cells)}
+    samples = analysis.load_table(run, "samples").select(["settings_key", "commit_sha", "case_id", "failed_checks"])
+    labels = fm.check_labels(suite)
+    rows: dict[str, dict[str, list[tuple[str, frozenset[str]]]]] = defaultdict(lambda: defaultdict(list))
+    seen: dict[tuple[str, frozenset[str]], set[str]] = defaultdict(set)
+    for r in samples.to_pylist():
+        if r["settings_key"] not in candidates:
+            continue
+        ((case, failed),) = fm.label_sets([(r["case_id"], r["failed_checks"])], labels)
+        rows[r["settings_key"]][r["commit_sha"]].append((case, failed))
+        if failed:
+            seen[(case, failed)].add(r["commit_sha"])
+    modes = fm.assign(seen, fm.case_checks(suite, labels))
+    chosen, checked, unclear = [], 0, 0
+    for key, cell in candidates.items():
+        by_commit = rows.get(key, {})
+        at_good, at_bad = by_commit.get(good_sha, []), by_commit.get(bad_sha, [])
+        if not at_good or not at_bad:
+            if any(failed for commit_rows in by_commit.values() for _, failed in commit_rows):
+                chosen.append(cell)
+            continue
+        checked += 1
+        cg, cb = fm.count_modes(at_good, modes), fm.count_modes(at_bad, modes)
+        tried = sorted(set(cg) | set(cb))
+        for mode in tried:
+            k_g, k_b = cg.get(mode, 0), cb.get(mode, 0)
+            p = fisher_exact([[k_g, len(at_good) - k_g], [k_b, len(at_bad) - k_b]]).pvalue
+            if p * len(tried) < 0.01:
+                chosen.append(cell)
+                break
+        else:
+            unclear += bool(tried)
+    if not chosen:
+        hint = (f"; {unclear} fail at either but not credibly differently (more repeats, or pick one with "
+                "--matrix FILE --where AXIS=VALUE)") if unclear else ""
+        raise BisectError(f"run {run.run_id}: no cell fails differently at {bad} than at {good} "
+                          f"({checked} cell(s) measured at both{hint}); nothing to bisect")
+    on_event(f"run {run.run_id}: {len(chosen)} of {len(candidates)} cell(s) change between {good} and {bad}")
+    return matrix, sorted(chosen, key=lambda c: c.cell_id)
 
 
 def bisect_cells(*, matrix: Matrix, cells: list[Cell], suite: Suite, good: str, bad: str, parallel: int | None,

@@ -10,13 +10,14 @@ modes (two bugs). Signatures are then merged into modes where they always occur 
   `tool_calls_valid`, and both fail the FSM log line and the whitespace tail), when the rarer one
   is seen mostly at commits where the other is, and the checks they share are at least half of
   what each fails (sharing a generic `finish_reason` alone makes no mode);
-* a failure with one symptom more: a signature failing a strict superset of another's checks (the
-  same plus an `http_ok` timeout, or a `first_token_id` the case also checks), seen mostly at
-  commits where the smaller one is.
+* a sample without an answer (`http_ok` failed) fails every other check as a consequence: its
+  signature is `http_ok` alone.
 
-"Mostly" is at least half of the commits where the rarer signature was seen: with flaky rates a
-signature can miss a commit by chance, while two different bugs rarely share their commits unless
-one commit brought both. A mode is named by the checks all its signatures fail.
+Within one case, one symptom more is another mode: whitespace with the FSM log line and whitespace
+without it are two bugs. "Mostly" is at least half of the commits where the rarer signature was
+seen: with flaky rates a signature can miss a commit by chance, while two different bugs rarely
+share their commits unless one commit brought both. A mode is named by the checks all its
+signatures fail.
 """
 
 from __future__ import annotations
@@ -92,14 +93,6 @@ def assign(seen: Mapping[tuple[str, frozenset[str]], set[str]],
             pa, pb = projections(i, j)
             if nodes[i][0] != nodes[j][0] and pa == pb and close(i, j):
                 parent[find(i)] = find(j)
-    # A superset joins the one subset it is most often seen with: joining it to every subset would
-    # let one noisy signature bridge two bugs.
-    for i in range(len(nodes)):
-        parents = [j for j in range(len(nodes)) if j != i and projections(j, i)[0] < projections(j, i)[1]
-                   and close(i, j)]
-        if parents:
-            best = max(parents, key=lambda j: (_overlap(seen[nodes[i]], seen[nodes[j]]), len(nodes[j][1])))
-            parent[find(i)] = find(best)
     groups: dict[int, list[int]] = defaultdict(list)
     for i in range(len(nodes)):
         groups[find(i)].append(i)

@@ -1,0 +1,180 @@
+"""`sweep bisect --good --bad` as typed after `sweep matrix`: every changing cell of the sweep at once,
+sharing installs and server starts. Real Ray, real simulator servers, a git history made here."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import make_sim_repo
+
+from sweeper import analysis
+from sweeper.bisect.driver import run_bisect
+from sweeper.bisect.report import render
+from sweeper.environments import list_environments
+from sweeper.errors import BisectError
+from sweeper.sweep import run_matrix
+
+FSM = {"id": "fsm", "effect": "fsm_whitespace", "when": {"spec_method": ["mtp"], "strict_tool_calling": [True]},
+       "rate": 0.5}
+BUDGET = {"id": "budget", "effect": "thinking_budget_ignored",
+          "when": {"spec_method": ["none"], "model_runner": ["V2"]}, "rate": 1.0}
+NGRAM = {"id": "ngram-ws", "effect": "silent_whitespace", "when": {"spec_method": ["ngram"]}, "rate": 0.5}
+N = 12
+REGRESS_FSM, REGRESS_BUDGET, FIX_NGRAM = 7, 10, 4
+
+SUITE = """
+name: small
+defaults:
+  repeat: 24
+  body: {max_tokens: 1024, temperature: 0}
+  checks: [http_ok, {finish_reason: {expected: stop}}, json_schema, no_whitespace_tail,
+           {log_absent: {pattern: "Failed to advance FSM"}}]
+cases:
+  - id: invoice
+    body:
+      messages: [{role: user, content: "Extract the invoice as JSON."}]
+      response_format:
+        type: json_schema
+        json_schema:
+          name: invoice
+          schema:
+            type: object
+            properties:
+              customer: {type: string}
+              items: {type: array, items: {type: object, properties: {sku: {type: string}, qty: {type: integer}},
+                                            required: [sku, qty]}}
+            required: [customer, items]
+  - id: budget
+    repeat: 8
+    checks: [http_ok, {finish_reason: {expected: stop}}, {reasoning_tokens_at_most: {max: 4}}, content_nonempty]
+    body:
+      thinking_token_budget: 4
+      chat_template_kwargs: {enable_thinking: true}
+      messages: [{role: user, content: "What is 1+1?"}]
+"""
+
+MATRIX = """
+name: cells
+model: Qwen/Qwen3-8B
+suite: small.yaml
+install: {{kind: sim, repo: {repo}}}
+serve: {{--enable-auto-tool-choice: true, --tool-call-parser: qwen3_coder, --reasoning-parser: qwen3}}
+env: {{VLLM_ENFORCE_STRICT_TOOL_CALLING: "1"}}
+concurrency: 8
+timeouts: {{startup_s: 30, request_s: 20}}
+axes:
+  commit: [v0.27.0, main]
+  spec_method: [none, ngram, mtp]
+  num_speculative_tokens: [2]
+  env.VLLM_USE_V2_MODEL_RUNNER: ["0", "1"]
+  request.top_p: [1.0, 0.95]
+"""
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """12 commits: the ngram whitespace bug (one request in two) is fixed at c4, the FSM bug arrives at c7
+    (MTP), the thinking budget is ignored from c10 (no speculation, Model Runner V2)."""
+    root = tmp_path_factory.mktemp("cells")
+    commits = []
+    for i in range(N):
+        bugs = ([NGRAM] if i < FIX_NGRAM else []) + ([FSM] if i >= REGRESS_FSM else []) \
+            + ([BUDGET] if i >= REGRESS_BUDGET else [])
+        commits.append(("v0.27.0" if i == 0 else f"c{i}", {"bugs": bugs}))
+    shas = make_sim_repo(root / "vllm", commits)
+    (root / "small.yaml").write_text(SUITE)
+    (root / "m.yaml").write_text(MATRIX.format(repo=root / "vllm"))
+    return root, shas
+
+
+def starts_in_logs(run_root: Path) -> int:
+    """Server starts as the servers logged them: one API-server banner per start."""
+    return sum(p.read_text().count("vLLM API server version") for p in (run_root / "logs").glob("*.log"))
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_bisect_as_typed_names_both_culprits_and_the_fix_with_their_cells(
+        history: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    root, shas = history
+    runs, cache = tmp_path / "runs", tmp_path / "cache"
+    with pytest.raises(BisectError, match="no sweep run under .*: run `sweep matrix MATRIX.yaml` first"):
+        run_bisect(good="v0.27", bad="main", runs_dir=runs, cache_dir=cache)
+    sweep = run_matrix(root / "m.yaml", runs_dir=runs, run_id="sweep", gpus=4, cache_dir=cache)
+    envs_after_sweep = {e.sha for e in list_environments(cache)}
+
+    outcome = run_bisect(good="v0.27", bad="main", runs_dir=runs, run_id="b", parallel=4, cache_dir=cache)
+    summary = outcome.summary
+    text = render(summary)
+    assert text.startswith("Changes by commit:")
+    labels = {t.label for t in outcome.targets}
+    # Every cell that changed and only those: MTP (FSM), none + V2 (budget), ngram (the fix); each x 2 top_p.
+    assert len(labels) == 4 + 2 + 4
+    assert not any("spec_method=none" in lb and "RUNNER=0" in lb for lb in labels)
+
+    by_commit = {entry["commit"]["sha"]: entry["changes"] for entry in summary["by_commit"]}
+    assert set(by_commit) == {shas[f"c{REGRESS_FSM}"], shas[f"c{REGRESS_BUDGET}"], shas[f"c{FIX_NGRAM}"]}
+
+    def cells_of(sha: str, direction: str, check: str) -> set[str]:
+        return {cell for ch in by_commit[sha] if ch["direction"] == direction and check in ch["mode"]
+                for cell in ch["cells"]}
+
+    assert cells_of(shas[f"c{REGRESS_FSM}"], "regression", "log_absent") == \
+        {lb for lb in labels if "spec_method=mtp" in lb}
+    assert cells_of(shas[f"c{REGRESS_BUDGET}"], "regression", "reasoning_tokens_at_most") == \
+        {lb for lb in labels if "spec_method=none" in lb and "RUNNER=1" in lb}
+    assert cells_of(shas[f"c{FIX_NGRAM}"], "fix", "no_whitespace_tail") == \
+        {lb for lb in labels if "spec_method=ngram" in lb}
+    assert summary["reused_samples"] > 0  # the sweep's samples at good and bad
+
+    # One environment per distinct commit, built once however many cells and starts used it.
+    probes = analysis.load_table(outcome.run, "probes").to_pylist()
+    probed = {p["commit_sha"] for p in probes}
+    envs = [e.sha for e in list_environments(cache)]
+    assert sorted(envs) == sorted(envs_after_sweep | probed)  # one each, none twice
+    # Server starts, counted from the servers' own logs: one per probe, and cells that differ only in a
+    # request axis share it (two cells per start here).
+    starts = {p["group_id"] for p in probes}
+    assert starts_in_logs(outcome.run.root) == len(starts) == summary["server_starts"]
+    cells_per_start = Counter(p["group_id"] for p in probes)
+    assert set(cells_per_start.values()) == {2}
+    assert starts_in_logs(sweep.run.root) == 2 * 6  # the sweep: 2 commits x 6 server keys
+
+
+def test_no_run_and_a_run_without_changes_are_one_line_each(history: tuple[Path, dict[str, str]],
+                                                         tmp_path: Path) -> None:
+    root, _ = history
+    runs = tmp_path / "runs"
+
+    def bisect(good: str, bad: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "sweeper", "bisect", "--good", good, "--bad", bad,
+                               "--runs-dir", str(runs)], capture_output=True, text=True, timeout=120)
+
+    out = bisect("v0.27", "main")
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines() == [
+        f"error: no sweep run under {runs}: run `sweep matrix MATRIX.yaml` first, or pass --matrix MATRIX.yaml "
+        "--where AXIS=VALUE"]
+    # A sweep whose cells all pass at good and at bad: nothing to bisect.
+    quiet = root / "quiet.yaml"
+    quiet.write_text((root / "m.yaml").read_text().replace("commit: [v0.27.0, main]", "commit: [c6, c7]")
+                     .replace("spec_method: [none, ngram, mtp]", "spec_method: [none]")
+                     .replace('env.VLLM_USE_V2_MODEL_RUNNER: ["0", "1"]', 'env.VLLM_USE_V2_MODEL_RUNNER: ["0"]'))
+    done = subprocess.run([sys.executable, "-m", "sweeper", "matrix", str(quiet), "--runs-dir", str(runs),
+                           "--cache-dir", str(tmp_path / "cache"), "--gpus", "2"],
+                          capture_output=True, text=True, timeout=300, env=_no_ray_address())
+    assert done.returncode == 0, done.stderr
+    out = bisect("c6", "c7")
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert "no cell fails differently at c7 than at c6" in line and "nothing to bisect" in line
+
+
+def _no_ray_address() -> dict[str, Any]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
