@@ -42,6 +42,9 @@ class Engine:
 
 class SimHTTPServer(ThreadingHTTPServer):
     daemon_threads = True  # a hung request must not keep the process alive after TERM
+    # uvicorn's listen backlog. The stdlib's 5 makes the kernel drop connections of a burst (128 new
+    # ones lost 5-10 % of requests to ReadError): false failures of the configuration under test.
+    request_queue_size = 2048
     engine: Engine
 
 
