@@ -92,23 +92,59 @@ def report_cmd(
     rows: Annotated[Optional[str], typer.Option(help="Heatmap rows: comma-separated axes.")] = None,
     cols: Annotated[Optional[str], typer.Option(help="Heatmap columns: comma-separated axes.")] = None,
     heatmap: Annotated[Optional[Path], typer.Option(help="Write a failure-rate heatmap (PNG/SVG) here.")] = None,
+    explain: Annotated[bool, typer.Option("--explain", help="Name the smallest setting conjunction behind each failure mode, with its evidence.")] = False,
+    html: Annotated[Path | None, typer.Option("--html", help="Write one self-contained HTML report here (no network needed to view it).")] = None,
+    issue: Annotated[bool, typer.Option("--issue", help="Print Markdown for vLLM's bug template (one failure mode; see --mode).")] = False,
+    mode: Annotated[str | None, typer.Option("--mode", help="With --issue: the failure mode (its number in --explain, or part of its name).")] = None,
+    against: Annotated[str | None, typer.Option("--against", help="Compare with this run: failure-rate change per cell with its interval.")] = None,
 ) -> None:
-    """Failure rates per cell with 95% intervals; optionally a heatmap over two sets of axes.
+    """Failure rates per cell with 95% intervals; optionally a heatmap, the explanation, an HTML report,
+    a vLLM bug report, or a comparison with another run.
 
-    Example: sweep report --heatmap runs/demo.png --rows commit --cols spec_method
+    Example: sweep report --explain --html runs/demo.html
     """
     from sweeper import analysis, report
     from sweeper.store import open_run
 
     run = open_run(runs_dir, run_id, create=False) if run_id else analysis.latest_run(runs_dir)
     run.read_manifest()
+    if issue:
+        from sweeper.bugreport import issue_markdown
+
+        # Markdown only, so it can be piped into a file or the clipboard.
+        sys.stdout.write(issue_markdown(run, mode=mode, runs_dir=runs_dir))
+        return
+    if mode is not None:
+        raise SweepError("--mode goes with --issue")
     cells = analysis.load_cells(run)
-    out.print(report.cells_table(cells, title=f"run {run.run_id}"))
+    order = report.commit_order(run, cells["commit"].astype(str) if "commit" in cells.columns else ())
+    if against:
+        from sweeper import compare
+
+        other = open_run(runs_dir, against, create=False)
+        other.read_manifest()
+        result = compare.compare(analysis.load_samples(run), cells, analysis.load_samples(other),
+                                 analysis.load_cells(other), suite_a=report.run_suite(run),
+                                 suite_b=report.run_suite(other), run_a=run.run_id, run_b=other.run_id)
+        for line in compare.render(result):
+            out.print(line, markup=False, highlight=False)
+        out.print(compare.table(result))
+    else:
+        out.print(report.cells_table(cells, title=f"run {run.run_id}", commit_order=order))
+    if explain:
+        from sweeper.explain import render
+
+        out.print(render(report.explain_run(run, cells=cells)), markup=False, highlight=False)
     if heatmap:
         row_axes = [a for a in (rows or "commit").split(",") if a]
         col_axes = [a for a in (cols or "spec_method").split(",") if a]
-        path = report.heatmap(analysis.load_samples(run), row_axes, col_axes, heatmap, title=run.run_id)
+        path = report.heatmap(analysis.load_samples(run), row_axes, col_axes, heatmap, title=run.run_id,
+                              commit_order=order)
         out.print(f"heatmap: {path}")
+    if html:
+        from sweeper import html_report
+
+        out.print(f"html: {html_report.write(run, html)}")
 
 
 @suite_app.command("show")

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from rich.table import Table
 
+from sweeper import gitrepo
 from sweeper.errors import SweepError
+from sweeper.matrix import resolve_path
 from sweeper.stats import wilson
+from sweeper.store import RunDir
+
+if TYPE_CHECKING:
+    from sweeper.explain import Explanation
+    from sweeper.suite import Suite
 
 CORE_COLUMNS = ("commit", "spec_method", "num_speculative_tokens", "async_scheduling", "attention_backend")
 
@@ -40,8 +47,9 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def cells_table(cells: pd.DataFrame, *, title: str = "") -> Table:
-    """One row per cell: the axes that vary, status, failures with a Wilson 95% interval."""
+def cells_table(cells: pd.DataFrame, *, title: str = "", commit_order: Sequence[str] = ()) -> Table:
+    """One row per cell: the axes that vary, status, failures with a Wilson 95% interval; commits in
+    history order (`commit_order`, oldest first; others after them)."""
     axes = varying_axes(cells)
     table = Table(title=title or None, show_lines=False)
     for name in axes:
@@ -52,7 +60,7 @@ def cells_table(cells: pd.DataFrame, *, title: str = "") -> Table:
     table.add_column("failing checks", overflow="fold")
     table.add_column("requested ≠ effective", overflow="fold")
     order = [c for c in axes if c in cells.columns]
-    rows = cells.sort_values(order, key=lambda s: s.astype(str)) if order else cells
+    rows = cells.sort_values(order, key=lambda s: _sort_key(s, commit_order)) if order else cells
     for _, row in rows.iterrows():
         status = row["status"]
         style = {"ok": "", "install_failed": "magenta", "server_failed": "magenta", "timeout": "yellow",
@@ -62,34 +70,70 @@ def cells_table(cells: pd.DataFrame, *, title: str = "") -> Table:
         if k and status == "ok":
             rate = f"[red]{rate}[/red]"
         top = sorted(row["failed_checks"] or [], key=lambda kv: -kv[1])
-        checks = ", ".join(f"{name}×{count}" for name, count in top[:3]) + (" …" if len(top) > 3 else "")
+        checks = ", ".join(f"{name}×{count}" for name, count in top)
         differs = ", ".join(row["effective_differs"] if row["effective_differs"] is not None else [])
         table.add_row(*[_fmt(row.get(a)) for a in axes], f"[{style}]{status}[/{style}]" if style else status,
                       f"{k}/{n}", rate, checks, f"[yellow]{differs}[/yellow]" if differs else "")
     return table
 
 
-def failure_pivot(samples: pd.DataFrame, rows: Sequence[str], cols: Sequence[str]) -> pd.DataFrame:
-    """Failure rate per (rows × cols) combination of axis values."""
+def _sort_key(values: pd.Series, commit_order: Sequence[str]) -> pd.Series:
+    if values.name != "commit" or not commit_order:
+        return values.astype(str)
+    rank = {c: i for i, c in enumerate(commit_order)}
+    return values.astype(str).map(lambda c: f"{rank.get(c, len(rank)):08d} {c}")
+
+
+def _in_history_order(pivot: pd.DataFrame, commit_order: Sequence[str]) -> pd.DataFrame:
+    """A pivot with its commits (rows or columns) in history order rather than by name."""
+    rank = {c: i for i, c in enumerate(commit_order)}
+
+    def ordered(index: pd.Index) -> pd.Index:
+        names = list(index.names)
+        if "commit" not in names:
+            return index
+        level = names.index("commit")
+
+        def key(i: int) -> tuple[int, str]:
+            value = index[i]
+            commit = value[level] if isinstance(value, tuple) else value
+            return rank.get(commit, len(rank)), str(value)
+        return index[sorted(range(len(index)), key=key)]
+
+    if not rank:
+        return pivot
+    return pivot.reindex(index=ordered(pivot.index), columns=ordered(pivot.columns))
+
+
+def failure_pivot(samples: pd.DataFrame, rows: Sequence[str], cols: Sequence[str], *,
+                  commit_order: Sequence[str] = ()) -> pd.DataFrame:
+    """Failure rate per (rows × cols) combination of axis values (commits in `commit_order`)."""
     for name in [*rows, *cols]:
         if name not in samples.columns:
             raise SweepError(f"no axis {name!r} in these results; axes: {', '.join(varying_axes(samples)) or 'none'}")
     df = samples.assign(failed=~samples["passed"].astype(bool))
     keyed = df.assign(**{n: df[n].astype(str) for n in [*rows, *cols]})
-    return keyed.pivot_table(index=list(rows), columns=list(cols) or None, values="failed", aggfunc="mean")
+    pivot = keyed.pivot_table(index=list(rows), columns=list(cols) or None, values="failed", aggfunc="mean")
+    return _in_history_order(pivot, commit_order)
 
 
-def heatmap(samples: pd.DataFrame, rows: Sequence[str], cols: Sequence[str], path: Path, *, title: str = "") -> Path:
-    """Write a failure-rate heatmap (PNG or SVG by suffix)."""
+def heatmap(samples: pd.DataFrame, rows: Sequence[str], cols: Sequence[str], path: Path, *, title: str = "",
+            commit_order: Sequence[str] = ()) -> Path:
+    """Write a failure-rate heatmap (PNG or SVG by suffix); commits in history order, labels whole."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pivot = failure_pivot(samples, rows, cols)
+    pivot = failure_pivot(samples, rows, cols, commit_order=commit_order)
     counts = samples.assign(**{n: samples[n].astype(str) for n in [*rows, *cols]}).pivot_table(
         index=list(rows), columns=list(cols) or None, values="passed", aggfunc="size")
-    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * max(1, pivot.shape[1]), 1.2 + 0.45 * pivot.shape[0]))
+    counts = counts.reindex(index=pivot.index, columns=pivot.columns)
+    # Room for the longest labels: a sha or a long flag value is shown whole, never cut.
+    row_chars = max((len(_label(i)) for i in pivot.index), default=4)
+    col_chars = max((len(_label(c)) for c in pivot.columns), default=4)
+    fig, ax = plt.subplots(figsize=(1.6 + 0.07 * row_chars + max(1.3, 0.09 * col_chars) * max(1, pivot.shape[1]),
+                                    1.2 + 0.45 * pivot.shape[0] + 0.06 * col_chars))
     im = ax.imshow(pivot.to_numpy(dtype=float), cmap="Reds", vmin=0, vmax=1, aspect="auto")
     ax.set_xticks(range(pivot.shape[1]), [_label(c) for c in pivot.columns], rotation=30, ha="right")
     ax.set_yticks(range(pivot.shape[0]), [_label(i) for i in pivot.index])
@@ -106,10 +150,67 @@ def heatmap(samples: pd.DataFrame, rows: Sequence[str], cols: Sequence[str], pat
     fig.colorbar(im, ax=ax, fraction=0.04)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path
 
 
 def _label(value: Any) -> str:
     return " / ".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+# ---- a run's context: its suite, its commits in history order, its explanation -------------------
+
+def run_suite(run: RunDir) -> Suite | None:
+    """The run's suite rebuilt from its manifest; None when the files are gone or changed since (the
+    digest differs), so failure modes then tell checks apart by name only."""
+    from sweeper.sweep import load_suites
+
+    manifest = run.read_manifest()
+    paths = manifest.get("suite_path")
+    if not paths:  # a bisect's manifest names the matrix, whose suite paths are relative to it
+        names = (manifest.get("matrix") or {}).get("suite") or []
+        names = [names] if isinstance(names, str) else list(names)
+        paths = [str(resolve_path(str(manifest.get("matrix_path", "")), str(n))) for n in names]
+    try:
+        suite = load_suites(tuple(Path(p) for p in paths))
+    except (SweepError, OSError):
+        return None
+    return suite if suite.digest == manifest.get("suite_digest") else None
+
+
+def commit_order(run: RunDir, present: Iterable[str] = ()) -> list[str]:
+    """The run's commits oldest first: a bisect's range as stored; a sweep's refs by their depth in
+    the repository (`git rev-list --count`), else as the matrix lists them. Commits in `present`
+    that the manifest does not name come last."""
+    manifest = run.read_manifest()
+    known = manifest.get("commits")
+    if isinstance(known, list):
+        order = [str(c) for c in known]
+    else:
+        refs = {str(k): v for k, v in dict(known or {}).items()}
+        axis = [str(c) for c in ((manifest.get("matrix") or {}).get("axes") or {}).get("commit") or refs]
+        depth: dict[str, int] = {}
+        repo = manifest.get("repo")
+        if repo and Path(repo).is_dir():
+            for ref, sha in refs.items():
+                try:
+                    depth[ref] = int(gitrepo.git(repo, "rev-list", "--count", str(sha))) if sha else -1
+                except (SweepError, ValueError):
+                    depth[ref] = -1
+        if axis and all(depth.get(r, -1) >= 0 for r in axis):
+            axis = sorted(axis, key=lambda r: (depth[r], axis.index(r)))
+        order = axis
+    return order + [c for c in dict.fromkeys(present) if c not in order]
+
+
+def explain_run(run: RunDir, samples: pd.DataFrame | None = None, cells: pd.DataFrame | None = None,
+                **options: Any) -> Explanation:
+    """`sweeper.explain.explain` on a stored run, with its suite and history order."""
+    from sweeper import analysis
+    from sweeper.explain import explain
+
+    samples = analysis.load_samples(run) if samples is None else samples
+    cells = analysis.load_cells(run) if cells is None else cells
+    order = commit_order(run, samples["commit"].astype(str) if "commit" in samples.columns else ())
+    return explain(samples, cells, suite=run_suite(run), commit_order=order, **options)
