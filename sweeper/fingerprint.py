@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sweeper.environments import Installed
+from sweeper.vllm.flags import cache_lock, write_text_atomic
 
 CACHE_FILE = "fingerprint.json"
 # Reads torch's version without importing vLLM; torch's import is the slow part (a few seconds).
@@ -61,11 +62,28 @@ def collect(installed: Installed) -> dict[str, object]:
 
 def _cached_env_part(installed: Installed, timeout: float) -> dict[str, str | None]:
     cache = Path(installed.root) / CACHE_FILE if installed.root else None
-    if cache is not None and cache.exists():
-        try:
-            return json.loads(cache.read_text())
-        except ValueError:
-            pass
+    if cache is None:
+        return _probe(installed, timeout)
+    if (cached := _read(cache)) is not None:
+        return cached
+    # Groups of one commit finish together: under the lock only the first probe imports torch.
+    with cache_lock(cache, timeout):
+        if (cached := _read(cache)) is not None:
+            return cached
+        part = _probe(installed, timeout)
+        write_text_atomic(cache, json.dumps(part))
+    return part
+
+
+def _read(cache: Path) -> dict[str, str | None] | None:
+    try:
+        data = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _probe(installed: Installed, timeout: float) -> dict[str, str | None]:
     part: dict[str, str | None] = {"torch": None, "cuda": None}
     if installed.python:
         try:
@@ -75,10 +93,6 @@ def _cached_env_part(installed: Installed, timeout: float) -> dict[str, str | No
                 part.update(json.loads(proc.stdout.strip().splitlines()[-1]))
         except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
             pass
-    if cache is not None:
-        tmp = cache.with_suffix(".tmp")
-        tmp.write_text(json.dumps(part))
-        os.replace(tmp, cache)
     return part
 
 

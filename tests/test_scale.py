@@ -67,3 +67,48 @@ def test_a_burst_of_new_connections_loses_no_request(tmp_path: Path) -> None:
             assert outcome.aborted is None and outcome.unsent == 0
             errors += [r.error or "" for r in outcome.replies if r.http_status != 200]
     assert errors == []
+
+
+HELP = "usage: vllm serve [-h] [--port PORT] [--max-model-len MAX_MODEL_LEN] [--api-key API_KEY]\n"
+# A stand-in for `vllm serve --help` (and the environment's Python): it notes each run, and takes
+# long enough that concurrent callers overlap.
+FAKE = f"""#!{sys.executable}
+import os, sys, time
+with open(os.environ["RUNS_FILE"], "a") as f:
+    f.write(str(os.getpid()) + "\\n")
+time.sleep(1.5)
+print({{"help": {HELP!r}}}.get("help") if "--help" in sys.argv else '{{"torch": "2.9.0", "cuda": null}}')
+"""
+CALLER = """
+import json, sys
+from sweeper.environments import Installed
+from sweeper import fingerprint
+from sweeper.vllm import supported_flags
+fake, root = sys.argv[1], sys.argv[2]
+inst = Installed(commit="c", sha=None, launch=(fake,), python=fake, root=root)
+flags = supported_flags(inst)
+print(json.dumps({"flags": sorted(flags.flags), "torch": fingerprint.fingerprint(inst).torch_version}))
+"""
+
+
+def test_concurrent_groups_ask_one_environment_once(tmp_path: Path) -> None:
+    """Six processes (Ray workers of one commit) learn the flags and the fingerprint of one
+    environment at the same moment: `--help` and the probe each run once, all six get the answer."""
+    fake = tmp_path / "fake-vllm"
+    fake.write_text(FAKE)
+    fake.chmod(0o755)
+    root = tmp_path / "env"
+    root.mkdir()
+    runs = tmp_path / "runs.txt"
+    env = {**os.environ, "RUNS_FILE": str(runs)}
+    procs = [subprocess.Popen([sys.executable, "-c", CALLER, str(fake), str(root)], env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+             for _ in range(6)]
+    outs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        outs.append(yaml.safe_load(out))
+    assert all(o == outs[0] for o in outs)
+    assert "--max-model-len" in outs[0]["flags"] and outs[0]["torch"] == "2.9.0"
+    assert len(runs.read_text().split()) == 2  # one `--help`, one fingerprint probe

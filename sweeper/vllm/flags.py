@@ -7,14 +7,18 @@ cached in the environment's folder. A flag the version lacks is translated where
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
-from collections.abc import Callable, Mapping
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import filelock
 
 from sweeper.environments import Installed
 from sweeper.errors import ConfigError
@@ -90,13 +94,58 @@ def parse_help(text: str, version: str | None = None) -> FlagSet:
 
 
 def supported_flags(installed: Installed, *, timeout: float = HELP_TIMEOUT_S, refresh: bool = False) -> FlagSet:
-    """Ask the environment's vLLM for its flags (`<launch> --help`), cached in its folder."""
+    """Ask the environment's vLLM for its flags (`<launch> --help`), cached in its folder.
+
+    Groups of one commit start together on a node: under the folder's lock only the first runs
+    `--help` (on real vLLM it imports torch, ~10 s); the others read what it wrote."""
     cache = Path(installed.root) / FLAGS_FILE if installed.root else None
-    if cache is not None and cache.exists() and not refresh:
-        try:
-            return FlagSet.from_json(json.loads(cache.read_text()))
-        except (ValueError, KeyError):
-            pass
+    if cache is None:
+        return _ask_help(installed, timeout)
+    if not refresh and (cached := _read_flags(cache)) is not None:
+        return cached
+    with cache_lock(cache, timeout):
+        if not refresh and (cached := _read_flags(cache)) is not None:
+            return cached
+        flags = _ask_help(installed, timeout)
+        write_text_atomic(cache, json.dumps(flags.to_json()))
+    return flags
+
+
+@contextlib.contextmanager
+def cache_lock(cache: Path, timeout: float) -> Iterator[None]:
+    """The lock beside a per-environment cache file. A holder that outlives `timeout` plus a margin
+    is stuck: the waiter then fills the cache itself rather than waiting forever."""
+    lock = filelock.FileLock(f"{cache}.lock", timeout=timeout + 60)
+    try:
+        lock.acquire()
+    except filelock.Timeout:
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _read_flags(cache: Path) -> FlagSet | None:
+    try:
+        return FlagSet.from_json(json.loads(cache.read_text()))
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _ask_help(installed: Installed, timeout: float) -> FlagSet:
     launch = list(installed.launch[:-1] if installed.launch[-1:] == ("--model",) else installed.launch)
     env = {**os.environ, **installed.env}
     if installed.root:  # keep vLLM's caches out of the home folder
@@ -110,10 +159,6 @@ def supported_flags(installed: Installed, *, timeout: float = HELP_TIMEOUT_S, re
     if "--port" not in flags:
         raise ConfigError(f"`{' '.join(launch)} --help` listed no --port flag; is install.launch right? "
                           f"Output: {text[-500:]!r}")
-    if cache is not None:
-        tmp = cache.with_suffix(".tmp")
-        tmp.write_text(json.dumps(flags.to_json()))
-        os.replace(tmp, cache)
     return flags
 
 
