@@ -73,6 +73,9 @@ axes:
   num_speculative_tokens: [2]
   env.VLLM_USE_V2_MODEL_RUNNER: ["0", "1"]
   request.top_p: [1.0, 0.95]
+exclude:
+  - {{spec_method: ngram, env.VLLM_USE_V2_MODEL_RUNNER: "0"}}
+  - {{spec_method: mtp, env.VLLM_USE_V2_MODEL_RUNNER: "0"}}
 """
 
 
@@ -97,6 +100,7 @@ def starts_in_logs(run_root: Path) -> int:
     return sum(p.read_text().count("vLLM API server version") for p in (run_root / "logs").glob("*.log"))
 
 
+@pytest.mark.timeout(900)
 @pytest.mark.usefixtures("ray_cluster")
 def test_bisect_as_typed_names_both_culprits_and_the_fix_with_their_cells(
         history: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
@@ -113,7 +117,7 @@ def test_bisect_as_typed_names_both_culprits_and_the_fix_with_their_cells(
     assert text.startswith("Changes by commit:")
     labels = {t.label for t in outcome.targets}
     # Every cell that changed and only those: MTP (FSM), none + V2 (budget), ngram (the fix); each x 2 top_p.
-    assert len(labels) == 4 + 2 + 4
+    assert len(labels) == 2 + 2 + 2
     assert not any("spec_method=none" in lb and "RUNNER=0" in lb for lb in labels)
 
     by_commit = {entry["commit"]["sha"]: entry["changes"] for entry in summary["by_commit"]}
@@ -142,9 +146,10 @@ def test_bisect_as_typed_names_both_culprits_and_the_fix_with_their_cells(
     assert starts_in_logs(outcome.run.root) == len(starts) == summary["server_starts"]
     cells_per_start = Counter(p["group_id"] for p in probes)
     assert set(cells_per_start.values()) == {2}
-    assert starts_in_logs(sweep.run.root) == 2 * 6  # the sweep: 2 commits x 6 server keys
+    assert starts_in_logs(sweep.run.root) == 2 * 4  # the sweep: 2 commits x 4 server keys
 
 
+@pytest.mark.timeout(600)
 def test_no_run_and_a_run_without_changes_are_one_line_each(history: tuple[Path, dict[str, str]],
                                                          tmp_path: Path) -> None:
     root, _ = history

@@ -74,6 +74,7 @@ DEMO_CHANGES = {("fsm", "regression", 43911), ("fsm", "fix", 44297), ("whitespac
                 ("budget", "regression", 54120)}
 
 
+@pytest.mark.timeout(900)
 @pytest.mark.usefixtures("ray_cluster")
 def test_the_demo_range_names_every_change(demo: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
     root, _ = demo
@@ -110,6 +111,7 @@ def test_ambiguous_cell_is_a_clear_error(demo: tuple[Path, dict[str, Any]], tmp_
         run_bisect(matrix_path=root / "m.yaml", good="v0.27", bad="main", runs_dir=tmp_path / "runs")
 
 
+@pytest.mark.timeout(900)
 def test_interrupted_bisect_resumes_to_the_same_report(demo: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
     root, _ = demo
     runs = tmp_path / "runs"
@@ -166,6 +168,7 @@ axes:
     return root, plan
 
 
+@pytest.mark.timeout(900)
 @pytest.mark.usefixtures("ray_cluster")
 def test_a_bug_that_varies_per_server_start_is_still_pinned(varying: tuple[Path, dict[str, Any]],
                                                            tmp_path: Path) -> None:
@@ -180,3 +183,34 @@ def test_a_bug_that_varies_per_server_start_is_still_pinned(varying: tuple[Path,
     # The planted broken installs are untestable, never a change.
     broken = set(plan["install_broken"]["shas"])
     assert not broken & {c["commit"]["sha"] for c in cell["changes"]}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.usefixtures("ray_cluster")
+def test_an_engine_crash_under_the_cells_settings_is_a_change_not_a_skip(tmp_path: Path,
+                                                                         tiny_suite: Path) -> None:
+    from conftest import make_sim_repo
+
+    crash = {"id": "engine-dead", "effect": "crash", "when": {"spec_method": ["mtp"]}, "after_requests": 2}
+    shas = make_sim_repo(tmp_path / "vllm", [("v0.27.0" if i == 0 else f"c{i}", {"bugs": [crash] if i >= 5 else []})
+                                             for i in range(9)])
+    (tmp_path / "m.yaml").write_text(f"""
+name: crash
+model: Qwen/Qwen3-8B
+suite: {tiny_suite}
+install: {{kind: sim, repo: {tmp_path / "vllm"}}}
+timeouts: {{startup_s: 30, request_s: 10}}
+axes:
+  commit: [v0.27.0, c8]
+  spec_method: [mtp]
+  num_speculative_tokens: [2]
+""")
+    outcome = run_bisect(matrix_path=tmp_path / "m.yaml", good="v0.27", bad="c8", where=CELL, parallel=4,
+                         runs_dir=tmp_path / "runs", cache_dir=tmp_path / "cache")
+    cell = outcome.summary["cells"][0]
+    assert cell["skipped"] == []
+    (change,) = [c for c in cell["changes"] if c["found"]]
+    assert change["commit"]["sha"] == shas["c5"] and change["direction"] == "regression"
+    assert change["mode"] == "http_ok"
+    probes = analysis.load_table(outcome.run, "probes").to_pylist()
+    assert {p["status"] for p in probes if p["position"] >= 5} == {"crashed"}

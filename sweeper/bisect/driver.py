@@ -7,8 +7,9 @@ most valuable server groups at once (K = GPU slots). One probe = one server star
 requests of every cell it serves; each cell's samples are split into failure modes
 (`sweeper.bisect.modes`) and told to that cell's search.
 
-An install failure, a server that won't start, a crash or a hang makes the commit untestable for
-that cell (skipped). Samples already stored for the same commit + cell settings + suite digest, in
+An install failure, a server that won't start or a hang makes the commit untestable for that cell
+(skipped). A server that crashes while serving the cell's requests is the cell failing: its samples
+count, and their failures form modes of their own (a crash can be the regression searched for). Samples already stored for the same commit + cell settings + suite digest, in
 any run under `runs/`, are used before anything runs, which is also how `--resume` spends no probe
 twice: the searches are rebuilt from what is on disk, in the same order every time.
 """
@@ -34,7 +35,7 @@ from sweeper.bisect.search import BisectReport, Search
 from sweeper.cluster import Cluster
 from sweeper.errors import BisectError
 from sweeper.matrix import Cell, Matrix, ServerGroup, canonical, make_cell
-from sweeper.runner import GroupJob, GroupResult
+from sweeper.runner import GroupJob, GroupResult, Status
 from sweeper.server import kill_leftovers
 from sweeper.store import (
     PROBE_SCHEMA,
@@ -50,7 +51,9 @@ from sweeper.store import (
 from sweeper.suite import Suite
 from sweeper.sweep import load_suites, repo_for, spec_with_repo, sweep_gpus
 
-OK = "ok"
+# A server that dies while serving the cell's own requests is the cell failing, not an untestable
+# commit: its samples (answered or not) count, and the failures form their own modes.
+COUNTS_AS_SAMPLES = {Status.OK, Status.CRASHED}
 
 
 @dataclass
@@ -157,7 +160,7 @@ def load_evidence(runs_dir: Path, targets: Sequence[Target], suite: Suite, shas:
     cells = _read(runs_dir, "cells", ["run_id", "group_id", "settings_key", "commit_sha", "status", "status_detail"],
                   base)
     for row in cells.to_pylist():
-        if row["status"] != OK:
+        if row["status"] not in COUNTS_AS_SAMPLES:
             by_key[row["settings_key"]].evidence[row["commit_sha"]].skip = f"{row['status']}: {row['status_detail']}"
     samples = _read(runs_dir, "samples", ["run_id", "group_id", "settings_key", "commit_sha", "case_id",
                                           "failed_checks"], base)
@@ -284,7 +287,7 @@ class Bisector:
             ev = t.evidence[sha]
             if sets:
                 ev.starts.append(StartRecord((self.run.run_id, name), sets, False))
-            if status != OK:
+            if status not in COUNTS_AS_SAMPLES or not sets:
                 ev.skip = f"{status}: {cells.column('status_detail')[0].as_py() if cells.num_rows else ''}"
             found.append((t, cells, status, sets))
         merged = self.mode_names()
