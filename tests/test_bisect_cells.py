@@ -157,13 +157,13 @@ def test_no_run_and_a_run_without_changes_are_one_line_each(history: tuple[Path,
 
     def bisect(good: str, bad: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "sweeper", "bisect", "--good", good, "--bad", bad,
-                               "--runs-dir", str(runs)], capture_output=True, text=True, timeout=120)
+                               "--runs-dir", str(runs)], capture_output=True, text=True, timeout=120, check=False)
 
     out = bisect("v0.27", "main")
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines() == [
-        f"error: no sweep run under {runs}: run `sweep matrix MATRIX.yaml` first, or pass --matrix MATRIX.yaml "
-        "--where AXIS=VALUE"]
+        (f"error: no sweep run under {runs}: run `sweep matrix MATRIX.yaml` first, or pass --matrix MATRIX.yaml "
+         "--where AXIS=VALUE")]
     # A sweep whose cells all pass at good and at bad: nothing to bisect.
     quiet = root / "quiet.yaml"
     quiet.write_text((root / "m.yaml").read_text().replace("commit: [v0.27.0, main]", "commit: [c6, c7]")
@@ -171,7 +171,7 @@ def test_no_run_and_a_run_without_changes_are_one_line_each(history: tuple[Path,
                      .replace('env.VLLM_USE_V2_MODEL_RUNNER: ["0", "1"]', 'env.VLLM_USE_V2_MODEL_RUNNER: ["0"]'))
     done = subprocess.run([sys.executable, "-m", "sweeper", "matrix", str(quiet), "--runs-dir", str(runs),
                            "--cache-dir", str(tmp_path / "cache"), "--gpus", "2"],
-                          capture_output=True, text=True, timeout=300, env=_no_ray_address())
+                          capture_output=True, text=True, timeout=300, env=_no_ray_address(), check=False)
     assert done.returncode == 0, done.stderr
     out = bisect("c6", "c7")
     assert out.returncode == 1 and "Traceback" not in out.stderr
