@@ -25,13 +25,13 @@ import yaml
 from sweeper.sim.tree import beta_parameters
 
 _START_EPOCH = 1786438800  # 2026-08-11T09:00:00Z, the v0.27.0 release
-_AUTHORS = (
-    ("Woosuk Kwon", "woosuk@example.com"),
-    ("Cyrus Leung", "cyrus@example.com"),
-    ("Nick Hill", "nick@example.com"),
-    ("Lucas Wilkinson", "lucas@example.com"),
-    ("Russell Bryant", "russell@example.com"),
-    ("Simon Mo", "simon@example.com"),
+_AUTHORS = (  # invented: a simulated history must not put words in real maintainers' mouths
+    ("Ada Quill", "ada.quill@example.com"),
+    ("Bo Lindqvist", "bo.lindqvist@example.com"),
+    ("Chidi Okafor", "chidi.okafor@example.com"),
+    ("Dana Morell", "dana.morell@example.com"),
+    ("Emil Varga", "emil.varga@example.com"),
+    ("Fen Takahashi", "fen.takahashi@example.com"),
 )
 _AREAS = (
     ("Core", "vllm/v1/core/sched", "scheduler.py"),
