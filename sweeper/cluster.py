@@ -7,14 +7,17 @@ default. A local cluster on a machine without GPUs declares logical GPU slots fo
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 from sweeper.errors import ClusterError
 from sweeper.runner import GroupJob, GroupResult, run_group
@@ -22,6 +25,10 @@ from sweeper.runner import GroupJob, GroupResult, run_group
 # Ray's unix socket paths must stay under 107 bytes: its temp dir has to be short.
 _RAY_TMP_PREFIX = "/tmp/sweep-ray-"
 WAIT_S = 1.0
+# A local start sometimes fails ("Failed to register worker to Raylet", ~1 in 24 on 2 busy cores):
+# a fresh start nearly always works. Bounded, so a machine where Ray cannot start fails clearly.
+INIT_ATTEMPTS = 3
+WARM_TIMEOUT_S = 120.0
 
 
 def _remote_run_group() -> Any:
@@ -36,6 +43,52 @@ def _remote_run_group() -> Any:
     return run_group_task
 
 
+def _task_options(gpus: float) -> dict[str, Any]:
+    # A cell mostly waits on its server: it takes no CPU slot unless it takes no GPU either
+    # (then the CPU slot is what bounds how many run at once).
+    return {"num_gpus": gpus, "num_cpus": 0 if gpus > 0 else 1}
+
+
+def _warm_task() -> Any:
+    import ray
+
+    @ray.remote(max_calls=0, max_retries=0)
+    def warm_worker(barrier: str, slots: int) -> int:
+        # Imports the first group would pay; then hold this worker until every slot has its own.
+        import pandas  # noqa: F401  (pyarrow imports it to build the first table)
+
+        import sweeper.runner  # noqa: F401
+
+        Path(barrier, str(os.getpid())).touch()
+        deadline = time.monotonic() + WARM_TIMEOUT_S
+        while len(os.listdir(barrier)) < slots and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return os.getpid()
+
+    return warm_worker
+
+
+def kill_processes_using(path: str) -> list[int]:
+    """Kill the processes whose command line names `path` (a Ray temp dir this process made and
+    nothing else uses); returns their pids."""
+    import psutil
+
+    me = os.getpid()
+    named = re.compile(re.escape(path.rstrip("/")) + r"(?![^/])")  # the folder itself, not a longer name
+    victims = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if proc.info["pid"] != me and any(named.search(part) for part in proc.info["cmdline"] or ()):
+                victims.append(proc)
+        except psutil.Error:
+            continue
+    for proc in victims:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(victims, timeout=10)
+    return [p.pid for p in victims]
+
+
 @dataclass(frozen=True)
 class ClusterInfo:
     address: str
@@ -48,16 +101,22 @@ class Cluster:
     """A Ray connection for one sweep. Starts (and later stops) a local cluster unless given an address."""
 
     def __init__(self, address: str | None = None, *, logical_gpus: float | None = None,
-                 num_cpus: int | None = None) -> None:
+                 num_cpus: int | None = None, init_attempts: int = INIT_ATTEMPTS) -> None:
         self.address = address or os.environ.get("RAY_ADDRESS") or None
         self.logical_gpus = logical_gpus
         self.num_cpus = num_cpus
+        self.init_attempts = max(1, init_attempts)
         self._tmp: str | None = None
         self._started = False
+        self._warm = False
+        self.warm_pids: set[int] = set()
+        # Seconds spent starting Ray and pre-starting its workers: the fixed cost of a run.
+        self.timings: dict[str, float] = {}
 
-    def __enter__(self) -> Cluster:
+    def __enter__(self) -> Self:
         import ray
 
+        t0 = time.monotonic()
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
         if ray.is_initialized():
@@ -65,17 +124,50 @@ class Cluster:
         if self.address and self.address != "local":
             try:
                 ray.init(address=self.address, log_to_driver=False)
-            except Exception as exc:  # Ray raises many types for an unreachable cluster
+            except Exception as exc:  # noqa: BLE001  (Ray raises many types for an unreachable cluster)
                 raise ClusterError(f"cannot connect to the Ray cluster at {self.address}: {exc}") from None
         else:
-            self._tmp = tempfile.mkdtemp(prefix=_RAY_TMP_PREFIX)
-            kwargs: dict[str, Any] = {}
-            if self.logical_gpus is not None:
-                kwargs["num_gpus"] = self.logical_gpus
-            ray.init(address="local", num_cpus=self.num_cpus or os.cpu_count() or 1, include_dashboard=False,
-                     log_to_driver=False, _temp_dir=self._tmp, configure_logging=False, **kwargs)
+            self._start_local()
         self._started = True
+        self.timings["init"] = time.monotonic() - t0
         return self
+
+    def _start_local(self) -> None:
+        import ray
+
+        num_cpus = self.num_cpus or os.cpu_count() or 1
+        slots = max(num_cpus, int(self.logical_gpus or 0))
+        kwargs: dict[str, Any] = {}
+        if self.logical_gpus is not None:
+            kwargs["num_gpus"] = self.logical_gpus
+        # Ray starts at most min(cores, CPUs) workers at once and kills idle ones beyond the CPU
+        # count: 8 GPU slots on 2 cores filled only seconds after submission. Let every slot have
+        # its worker, started together and kept.
+        config = {"worker_maximum_startup_concurrency": slots, "num_workers_soft_limit": slots}
+        errors: list[str] = []
+        for _ in range(self.init_attempts):
+            # A fresh config dict each time: ray.init writes this session's spilling folder into it.
+            self._tmp = tempfile.mkdtemp(prefix=_RAY_TMP_PREFIX)
+            try:
+                ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                         _temp_dir=self._tmp, configure_logging=False, _system_config=dict(config), **kwargs)
+                return
+            except Exception as exc:  # noqa: BLE001  (Ray raises many types for a failed start)
+                errors.append(f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
+                self._stop_local()
+        raise ClusterError(f"could not start a local Ray cluster ({len(errors)} attempts): {errors[-1]}")
+
+    def _stop_local(self) -> None:
+        """Stop this cluster's Ray and remove its temp dir, also after a start that failed halfway:
+        whatever still runs from that temp dir was started here and is killed by pid."""
+        import ray
+
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+        if self._tmp:
+            kill_processes_using(self._tmp)
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
@@ -84,7 +176,25 @@ class Cluster:
         if self._started:
             ray.shutdown()
         if self._tmp:
-            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._stop_local()
+
+    def warm(self, gpus_per_cell: float) -> None:
+        """Start a worker for every slot of a local cluster before any job is submitted, each with the
+        runner's modules imported (pandas included), so the first wave starts at once. Workers that
+        ran a GPU task serve only GPU tasks: warm-up tasks ask what the jobs will ask."""
+        import ray
+
+        if self._warm or not self._tmp:
+            return
+        self._warm = True
+        t0 = time.monotonic()
+        slots = self.free_gpu_slots(gpus_per_cell)
+        barrier = tempfile.mkdtemp(prefix="warm-", dir=self._tmp)
+        opts = _task_options(gpus_per_cell)
+        refs = [_warm_task().options(**opts).remote(barrier, slots) for _ in range(slots)]
+        with contextlib.suppress(ray.exceptions.GetTimeoutError):
+            self.warm_pids = set(ray.get(refs, timeout=WARM_TIMEOUT_S))
+        self.timings["warm"] = time.monotonic() - t0
 
     def info(self) -> ClusterInfo:
         import ray
@@ -102,13 +212,15 @@ class Cluster:
         return int(ray.available_resources().get("GPU", 0.0) // gpus_per_cell)
 
     def preflight(self, gpus_per_cell: float) -> None:
-        """A cell asking for more GPUs than any node has would wait in Ray forever: refuse now."""
+        """A cell asking for more GPUs than any node has would wait in Ray forever: refuse now.
+        Then, on a local cluster, start a worker per slot (`warm`)."""
         info = self.info()
         if gpus_per_cell > info.max_gpus_per_node:
             where = "this machine" if info.local else f"any node of {info.address}"
             raise ClusterError(f"each cell needs {gpus_per_cell:g} GPUs but {where} has at most "
                                f"{info.max_gpus_per_node:g}" + (" (use --gpus N to declare logical slots for "
                                                               "simulator runs)" if info.local else ""))
+        self.warm(gpus_per_cell)
 
     def run(self, jobs: Sequence[GroupJob], *, on_start: Callable[[GroupJob], None] | None = None,
             timeout_s: float | None = None) -> Iterator[tuple[GroupJob, GroupResult]]:
@@ -118,11 +230,7 @@ class Cluster:
         task = _remote_run_group()
         pending: dict[Any, GroupJob] = {}
         for job in jobs:
-            gpus = job.spec.gpus_per_cell
-            # A cell mostly waits on its server: it takes no CPU slot unless it takes no GPU either
-            # (then the CPU slot is what bounds how many run at once).
-            opts: dict[str, Any] = {"num_gpus": gpus, "num_cpus": 0 if gpus > 0 else 1}
-            pending[task.options(**opts).remote(job)] = job
+            pending[task.options(**_task_options(job.spec.gpus_per_cell)).remote(job)] = job
             if on_start:
                 on_start(job)
         try:

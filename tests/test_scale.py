@@ -112,3 +112,79 @@ def test_concurrent_groups_ask_one_environment_once(tmp_path: Path) -> None:
     assert all(o == outs[0] for o in outs)
     assert "--max-model-len" in outs[0]["flags"] and outs[0]["torch"] == "2.9.0"
     assert len(runs.read_text().split()) == 2  # one `--help`, one fingerprint probe
+
+
+# Each scenario runs in its own Python: a Ray of its own (not the session's), and a process whose
+# every child can be checked for afterwards.
+RAY_SCRIPT = """
+import json, os, sys, time
+import psutil, ray
+from sweeper.cluster import Cluster
+from sweeper.errors import ClusterError
+
+mode = sys.argv[1]
+real_init, temp_dirs = ray.init, []
+
+def flaky_init(*args, **kwargs):
+    # The failure seen on busy machines: Ray's processes are up, then the start fails.
+    temp_dirs.append(kwargs.get("_temp_dir"))
+    real_init(*args, **kwargs)
+    if mode == "never" or len(temp_dirs) == 1:
+        raise RuntimeError("Failed to register worker to Raylet: IOError: [RayletClient] Unable to register")
+
+ray.init = flaky_init
+out = {}
+try:
+    with Cluster(logical_gpus=4, num_cpus=1) as cluster:
+        cluster.preflight(1)
+        time.sleep(3)  # past Ray's idle-worker reaping (1 s): the warm workers must still be there
+
+        @ray.remote(max_calls=0)
+        def where(barrier):
+            open(os.path.join(barrier, str(os.getpid())), "w").close()
+            while len(os.listdir(barrier)) < 4:
+                time.sleep(0.02)
+            return os.getpid()
+
+        barrier = os.path.join(temp_dirs[-1], "jobs")
+        os.mkdir(barrier)
+        pids = ray.get([where.options(num_gpus=1, num_cpus=0).remote(barrier) for _ in range(4)], timeout=120)
+        out.update(warm=sorted(cluster.warm_pids), jobs=sorted(pids), timings=cluster.timings)
+except ClusterError as exc:
+    out["error"] = str(exc)
+left = [p.pid for p in psutil.process_iter(["cmdline"])
+        if any(d and d in " ".join(p.info["cmdline"] or ()) for d in temp_dirs)]
+out.update(attempts=len(temp_dirs), dirs_left=[d for d in temp_dirs if os.path.exists(d)], processes_left=left)
+print(json.dumps(out))
+"""
+
+
+def _ray_scenario(mode: str) -> dict[str, object]:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.Popen([sys.executable, "-c", RAY_SCRIPT, mode], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=280)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    return yaml.safe_load(out.strip().splitlines()[-1])
+
+
+def test_a_failed_ray_start_is_retried_and_leaves_nothing_behind() -> None:
+    """The first start fails after Ray's processes are up: the cluster cleans that attempt up and
+    starts again; every slot then has a worker started before any job, and the jobs run on them."""
+    out = _ray_scenario("once")
+    assert "error" not in out and out["attempts"] == 2
+    assert len(out["warm"]) == 4 and out["jobs"] == out["warm"]
+    assert out["dirs_left"] == [] and out["processes_left"] == []
+
+
+def test_a_ray_that_never_starts_is_one_clear_error_and_leaves_nothing_behind() -> None:
+    out = _ray_scenario("never")
+    assert out["attempts"] == 3
+    assert "could not start a local Ray cluster (3 attempts)" in str(out["error"])
+    assert "Failed to register worker" in str(out["error"])
+    assert out["dirs_left"] == [] and out["processes_left"] == []
