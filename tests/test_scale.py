@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -159,7 +160,7 @@ print(json.dumps(out))
 """
 
 
-def _ray_scenario(mode: str) -> dict[str, object]:
+def _ray_scenario(mode: str) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     proc = subprocess.Popen([sys.executable, "-c", RAY_SCRIPT, mode], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
