@@ -1,20 +1,27 @@
 """Read results back: pandas frames and DuckDB queries over `runs/`.
 
 Every axis value is in the `axes` map column (JSON-encoded); the loaders add one column per axis
-(`env.X`, `serve.--flag`, `request.field` included) so tables can pivot on any of them.
+(`env.X`, `serve.--flag`, `request.field` included) so tables can pivot on any of them. Values are
+decoded once per distinct value, not per row. Loaders take a projection (`columns`) and a filter,
+pushed down to the Parquet reader; aggregates over many samples (`failure_counts`) run in DuckDB and
+bring only the aggregate into pandas.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from sweeper.errors import StoreError
+from sweeper.errors import StoreError, SweepError
+from sweeper.matrix import canonical
 from sweeper.store import CELL_SCHEMA, PROBE_SCHEMA, SAMPLE_SCHEMA, RunDir
 
 _TABLES = {"samples": SAMPLE_SCHEMA, "cells": CELL_SCHEMA, "probes": PROBE_SCHEMA}
@@ -38,13 +45,22 @@ def _files(run: RunDir, kind: str) -> list[str]:
     return sorted(str(p) for p in (run.root / kind).glob("*.parquet"))
 
 
-def load_table(run: RunDir, kind: str) -> pa.Table:
+def load_table(run: RunDir, kind: str, columns: Sequence[str] | None = None,
+               filter: pc.Expression | None = None) -> pa.Table:
+    """One run's `samples`, `cells` or `probes` as Arrow; only `columns` (default all) of the rows
+    that pass `filter` (a pyarrow expression, e.g. `pc.field("cell_id") == "x"`) are read."""
     schema = _TABLES[kind]
+    if columns is not None:
+        unknown = [c for c in columns if c not in schema.names]
+        if unknown:
+            raise SweepError(f"no column {unknown[0]!r} in {kind}; columns: {', '.join(schema.names)}")
     files = _files(run, kind)
     if not files:
-        return schema.empty_table()
+        empty = schema.empty_table()
+        return empty.select(list(columns)) if columns is not None else empty
     # The declared schema, not inference: a column missing from one file must not vanish.
-    return ds.dataset(files, schema=schema, format="parquet").to_table()
+    dataset = ds.dataset(files, schema=schema, format="parquet")
+    return dataset.to_table(columns=list(columns) if columns is not None else None, filter=filter)
 
 
 def _decode(value: str) -> Any:
@@ -54,26 +70,75 @@ def _decode(value: str) -> Any:
         return value
 
 
+def _decoded(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """JSON-encoded strings (nulls allowed) as an object array, each distinct value decoded once."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks() if values.num_chunks else pa.array([], pa.string())
+    encoded = values.dictionary_encode()
+    table = np.empty(len(encoded.dictionary) + 1, dtype=object)  # the last slot (None) is for nulls
+    for i, raw in enumerate(encoded.dictionary.to_pylist()):
+        table[i] = _decode(raw)  # one by one: a slice assignment would make [0, 0.5] floats
+    indices = encoded.indices.fill_null(len(encoded.dictionary)).to_numpy(zero_copy_only=False)
+    return table[indices]
+
+
+def axis_names(tbl: pa.Table) -> list[str]:
+    """The axes named in a table's `axes` map column, in first-seen order."""
+    if "axes" not in tbl.column_names or tbl.num_rows == 0:
+        return []
+    keys = [chunk.keys for chunk in tbl.column("axes").chunks if len(chunk)]
+    if not keys:
+        return []
+    return [k for k in pa.chunked_array(keys).unique().to_pylist() if k is not None]
+
+
+def axis_arrays(tbl: pa.Table, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+    """One decoded object array per axis of the `axes` map column (None where a row lacks it)."""
+    names = axis_names(tbl) if names is None else list(names)
+    column = tbl.column("axes")
+    out = {}
+    for name in names:
+        chunks = [pc.map_lookup(chunk, pa.scalar(name, pa.string()), "first") for chunk in column.chunks]
+        out[name] = _decoded(pa.chunked_array(chunks, type=pa.string()))
+    return out
+
+
 def with_axes(df: pd.DataFrame) -> pd.DataFrame:
-    """Add one column per axis from the `axes` map (values decoded from JSON)."""
+    """Add one column per axis from the `axes` map (values decoded from JSON, once per distinct value)."""
     if "axes" not in df.columns or df.empty:
         return df
     maps = [dict(m) if m is not None else {} for m in df["axes"]]
-    names = list(dict.fromkeys(k for m in maps for k in m))
-    df = df.copy()
-    for name in names:
-        if name in df.columns:
-            continue
-        df[name] = [_decode(m[name]) if name in m else None for m in maps]
-    return df
+    names = [n for n in dict.fromkeys(k for m in maps for k in m) if n not in df.columns]
+    cache: dict[str, Any] = {}
+
+    def decode(raw: str) -> Any:
+        if raw not in cache:
+            cache[raw] = _decode(raw)
+        return cache[raw]
+
+    new = {name: [decode(m[name]) if name in m else None for m in maps] for name in names}
+    return pd.concat([df, pd.DataFrame(new, index=df.index)], axis=1) if new else df
 
 
-def load_samples(run: RunDir) -> pd.DataFrame:
-    return with_axes(load_table(run, "samples").to_pandas())
+def _frame(tbl: pa.Table) -> pd.DataFrame:
+    arrays = axis_arrays(tbl) if "axes" in tbl.column_names else {}
+    df = tbl.to_pandas(self_destruct=True, split_blocks=True)
+    # Lists, not object arrays: pandas then infers each axis' dtype as it always has (0 and 0.5 make
+    # a float column, "0"/"1" a string one).
+    new = {name: values.tolist() for name, values in arrays.items() if name not in df.columns}
+    return pd.concat([df, pd.DataFrame(new, index=df.index)], axis=1) if new else df
 
 
-def load_cells(run: RunDir) -> pd.DataFrame:
-    return with_axes(load_table(run, "cells").to_pandas())
+def load_samples(run: RunDir, columns: Sequence[str] | None = None,
+                 filter: pc.Expression | None = None) -> pd.DataFrame:
+    """Samples as pandas, one column per axis added (when `axes` is read). For one cell:
+    `load_samples(run, filter=pc.field("cell_id") == cell_id)`; for everything, `failure_counts`."""
+    return _frame(load_table(run, "samples", columns, filter))
+
+
+def load_cells(run: RunDir, columns: Sequence[str] | None = None,
+               filter: pc.Expression | None = None) -> pd.DataFrame:
+    return _frame(load_table(run, "cells", columns, filter))
 
 
 def duckdb_connect(runs_dir: Path) -> Any:
@@ -84,8 +149,79 @@ def duckdb_connect(runs_dir: Path) -> Any:
     for kind in _TABLES:
         pattern = str(Path(runs_dir) / "*" / kind / "*.parquet")
         if list(Path(runs_dir).glob(f"*/{kind}/*.parquet")):
-            con.execute(f"CREATE VIEW {kind} AS SELECT * FROM read_parquet('{pattern}', union_by_name=true)")
+            con.execute(f"CREATE VIEW {kind} AS SELECT * FROM read_parquet({_sql_str(pattern)}, union_by_name=true)")
     return con
+
+
+def duckdb_run(run: RunDir) -> Any:
+    """A DuckDB connection with `samples`, `cells` and `probes` views over one run's files (a view
+    is missing where the run has no such file)."""
+    import duckdb
+
+    con = duckdb.connect()
+    for kind in _TABLES:
+        files = _files(run, kind)
+        if files:
+            listed = ", ".join(_sql_str(f) for f in files)
+            con.execute(f"CREATE VIEW {kind} AS SELECT * FROM read_parquet([{listed}], union_by_name=true)")
+    return con
+
+
+# Sample columns a table can group by directly (scalars); any other name is an axis in the map.
+_SCALAR_COLUMNS = frozenset(f.name for f in SAMPLE_SCHEMA if not pa.types.is_nested(f.type))
+
+
+def axis_sql(name: str) -> str:
+    """The SQL for an axis' value in a samples view: its own column for the core axes (and any
+    scalar column, `case_id` say), else the JSON text in the `axes` map (decode after aggregating:
+    `failure_counts` does)."""
+    if name in _SCALAR_COLUMNS:
+        return _sql_ident(name)
+    return f"element_at(axes, {_sql_str(name)})[1]"
+
+
+def failure_counts(run: RunDir, by: Sequence[str], *, where: Mapping[str, Any] | None = None) -> pd.DataFrame:
+    """Samples and failures per combination of the `by` axes, aggregated in DuckDB: columns `by`
+    (values as `load_samples` gives them), `n` and `n_failed`. Memory is that of the result, not of
+    the samples. `where`: axis -> value equality filters."""
+    names = list(dict.fromkeys(by))
+    con = duckdb_run(run)
+    try:
+        if not _files(run, "samples"):
+            return pd.DataFrame({**{n: [] for n in names}, "n": [], "n_failed": []})
+        axes = axis_names(load_table(run, "cells", ["axes"]))
+        for name in [*names, *(where or {})]:
+            if name not in _SCALAR_COLUMNS and name not in axes:
+                raise SweepError(f"no axis {name!r} in these results; axes: {', '.join(axes) or 'none'}")
+        keys = [f"{axis_sql(n)} AS k{i}" for i, n in enumerate(names)]
+        conds, params = [], []
+        for name, value in (where or {}).items():
+            conds.append(f"{axis_sql(name)} IS NOT DISTINCT FROM ?")
+            # Map values are stored as the runner wrote them: canonical JSON.
+            params.append(value if name in _SCALAR_COLUMNS or value is None else canonical(value))
+        sql = (f"SELECT {', '.join([*keys, 'count(*) AS n', 'count(*) FILTER (WHERE NOT passed) AS n_failed'])} "
+               f"FROM samples {'WHERE ' + ' AND '.join(conds) if conds else ''} "
+               f"{'GROUP BY ALL' if names else ''}")
+        rel = con.sql(sql, params=params)
+        # DuckDB 2 names it to_arrow_table; 1.x arrow.
+        result = (getattr(rel, "to_arrow_table", None) or rel.arrow)()
+    finally:
+        con.close()
+    columns: dict[str, Any] = {}
+    for i, name in enumerate(names):
+        col = result.column(f"k{i}")
+        columns[name] = col.to_pandas() if name in _SCALAR_COLUMNS else _decoded(col).tolist()
+    columns["n"] = result.column("n").to_numpy()
+    columns["n_failed"] = result.column("n_failed").to_numpy()
+    return pd.DataFrame(columns)
+
+
+def _sql_str(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _sql_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def schema_of(kind: str) -> pa.Schema:

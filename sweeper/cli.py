@@ -138,8 +138,9 @@ def report_cmd(
     if heatmap:
         row_axes = [a for a in (rows or "commit").split(",") if a]
         col_axes = [a for a in (cols or "spec_method").split(",") if a]
-        path = report.heatmap(analysis.load_samples(run), row_axes, col_axes, heatmap, title=run.run_id,
-                              commit_order=order)
+        # Counts per cell of the heatmap, aggregated in DuckDB: memory does not grow with the samples.
+        path = report.heatmap(analysis.failure_counts(run, [*row_axes, *col_axes]), row_axes, col_axes, heatmap,
+                              title=run.run_id, commit_order=order)
         out.print(f"heatmap: {path}")
     if html:
         from sweeper import html_report

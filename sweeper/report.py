@@ -107,28 +107,41 @@ def _in_history_order(pivot: pd.DataFrame, commit_order: Sequence[str]) -> pd.Da
 
 def failure_pivot(samples: pd.DataFrame, rows: Sequence[str], cols: Sequence[str], *,
                   commit_order: Sequence[str] = ()) -> pd.DataFrame:
-    """Failure rate per (rows × cols) combination of axis values (commits in `commit_order`)."""
+    """Failure rate per (rows × cols) combination of axis values (commits in `commit_order`).
+    `samples`: sample rows, or counts per combination (`analysis.failure_counts`: `n`, `n_failed`)."""
+    return _pivots(samples, rows, cols, commit_order)[0]
+
+
+def _pivots(samples: pd.DataFrame, rows: Sequence[str], cols: Sequence[str],
+            commit_order: Sequence[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(failure rate, samples) per (rows × cols) combination."""
     for name in [*rows, *cols]:
         if name not in samples.columns:
             raise SweepError(f"no axis {name!r} in these results; axes: {', '.join(varying_axes(samples)) or 'none'}")
-    df = samples.assign(failed=~samples["passed"].astype(bool))
+    if "n_failed" in samples.columns and "passed" not in samples.columns:
+        df = samples[[*dict.fromkeys([*rows, *cols]), "n", "n_failed"]]
+    else:
+        df = samples[[*dict.fromkeys([*rows, *cols])]].assign(n=samples["passed"].notna().astype(int),
+                                                               n_failed=samples["passed"].eq(False).astype(int))
     keyed = df.assign(**{n: df[n].astype(str) for n in [*rows, *cols]})
-    pivot = keyed.pivot_table(index=list(rows), columns=list(cols) or None, values="failed", aggfunc="mean")
-    return _in_history_order(pivot, commit_order)
+    sums = keyed.pivot_table(index=list(rows), columns=list(cols) or None, values=["n", "n_failed"], aggfunc="sum")
+    n, failed = sums["n"], sums["n_failed"]
+    if isinstance(n, pd.Series):  # no column axes: one column, as pivot_table gives for one value
+        n, failed = n.to_frame("failed"), failed.to_frame("failed")
+    pivot = _in_history_order(failed / n.where(n > 0), commit_order)
+    return pivot, n.reindex(index=pivot.index, columns=pivot.columns)
 
 
 def heatmap(samples: pd.DataFrame, rows: Sequence[str], cols: Sequence[str], path: Path, *, title: str = "",
             commit_order: Sequence[str] = ()) -> Path:
-    """Write a failure-rate heatmap (PNG or SVG by suffix); commits in history order, labels whole."""
+    """Write a failure-rate heatmap (PNG or SVG by suffix); commits in history order, labels whole.
+    `samples`: sample rows, or counts per combination from `analysis.failure_counts` (any size of run)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    pivot = failure_pivot(samples, rows, cols, commit_order=commit_order)
-    counts = samples.assign(**{n: samples[n].astype(str) for n in [*rows, *cols]}).pivot_table(
-        index=list(rows), columns=list(cols) or None, values="passed", aggfunc="size")
-    counts = counts.reindex(index=pivot.index, columns=pivot.columns)
+    pivot, counts = _pivots(samples, rows, cols, commit_order)
     # Room for the longest labels: a sha or a long flag value is shown whole, never cut.
     row_chars = max((len(_label(i)) for i in pivot.index), default=4)
     col_chars = max((len(_label(c)) for c in pivot.columns), default=4)
