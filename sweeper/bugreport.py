@@ -53,11 +53,11 @@ class Redactor:
             if is_secret(name) and value not in (None, True, False) and len(str(value)) >= 4:
                 self.values.add(str(value))
 
-    def text(self, text: str | None) -> str:
+    def text(self, text: str | None, replacement: str = REDACTED) -> str:
         out = str(text or "")
         for value in sorted(self.values, key=len, reverse=True):
-            out = out.replace(value, REDACTED)
-        return _TOKEN_SHAPES.sub(REDACTED, out)
+            out = out.replace(value, replacement)
+        return _TOKEN_SHAPES.sub(replacement, out)
 
     def env(self, env: Mapping[str, str]) -> dict[str, str]:
         return {k: REDACTED if is_secret(k) else self.text(v) for k, v in env.items()}

@@ -133,7 +133,8 @@ def compare(samples_a: pd.DataFrame, cells_a: pd.DataFrame, samples_b: pd.DataFr
         if na and nb:
             diff, low, high = newcombe(ka, na, kb, nb)
             p = float(fisher_exact([[ka, na - ka], [kb, nb - kb]])[1])
-        rows.append((key, Count(kb, nb), Count(ka, na), str(rb.get("status")), str(ra.get("status")), diff, low, high, p))
+        settings = tuple((k, v) for k, v in _axes(ra).items() if (k, v) in key)  # in the matrix's axis order
+        rows.append((settings, Count(kb, nb), Count(ka, na), str(rb.get("status")), str(ra.get("status")), diff, low, high, p))
     tested = [i for i, r in enumerate(rows) if r[8] is not None]
     qs = false_discovery_control([rows[i][8] for i in tested]) if tested else []
     qmap = {i: float(q) for i, q in zip(tested, qs, strict=True)}

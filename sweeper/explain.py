@@ -15,8 +15,8 @@ checks, merged into modes by commits seen together. For each mode:
   Each is tested with a one-sided Fisher exact test (more failures inside than outside); p-values
   are Holm-corrected over every conjunction tried.
 * **The explanation** is the smallest conjunction that (1) holds at least 95 % of the mode's
-  failures and (2) has no part, split off by one more term, that is credibly clean (Fisher,
-  Bonferroni over the splits): "mtp" alone is rejected when its V1 half never fails. Ties go to the
+  failures and (2) has no part that is credibly clean (Fisher, Bonferroni over the parts: one or
+  two more terms, or a single cell): "mtp" alone is rejected when its V1 half never fails. Ties go to the
   smaller p-value. If other conjunctions of that size select exactly the same cells, the design
   cannot tell them apart: the result is "not identifiable in this matrix". A mode with no such
   conjunction, or whose best one is not significant after correction, is reported unexplained.
@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy.stats import fisher_exact, hypergeom
+from scipy.stats import hypergeom
 
 from sweeper.bisect import modes as fm
 from sweeper.suite import Suite
@@ -262,11 +262,6 @@ def fisher_greater(a: np.ndarray, n_in: np.ndarray, k: int, n: int) -> np.ndarra
     return np.clip(hypergeom.sf(a - 1, n, k, n_in), 0.0, 1.0)
 
 
-def _less(a: int, na: int, b: int, nb: int) -> float:
-    """One-sided Fisher p that part a fails less often than part b."""
-    return float(fisher_exact([[a, na - a], [b, nb - b]], alternative="less")[1])
-
-
 # ---- the search ---------------------------------------------------------------------------------
 
 @dataclass
@@ -297,27 +292,39 @@ def _mask(dims: Mapping[str, Sequence[str | None]], terms: Sequence[tuple[str, s
 
 def _too_broad(c: _Conj, dims: Mapping[str, Sequence[str | None]], n: np.ndarray, k: np.ndarray,
                alpha: float) -> bool:
-    """Whether one more term splits off a part of `c` that is credibly clean."""
+    """Whether a part of `c` is credibly clean: a part holding at most 5 % of its failures whose
+    count is improbably low at the rate of the rest (one-sided Fisher, Bonferroni over the parts
+    tried). Parts: one or two more terms, each single cell (a clean corner of an interaction no
+    single term splits off), and the complement of each."""
     inside = c.mask
     used = {d for d, _ in c.terms}
-    splits: list[tuple[int, int, int, int]] = []
-    for d, vs in dims.items():
-        if d in used:
-            continue
-        col = np.array([x for x in vs], dtype=object)
-        for v in {x for x in col[inside] if x is not None}:
-            part = inside & (col == v)
-            rest = inside & ~part
-            if not part.any() or not rest.any():
-                continue
-            for clean, dirty in ((part, rest), (rest, part)):
-                splits.append((int(k[clean].sum()), int(n[clean].sum()), int(k[dirty].sum()), int(n[dirty].sum())))
-    total = int(k[inside].sum())
-    candidates = [s for s in splits if s[0] <= (1 - COVERAGE) * total]
-    if not candidates:
+    cols = {d: np.array(list(vs), dtype=object) for d, vs in dims.items() if d not in used}
+    parts: list[np.ndarray] = []
+    for col in cols.values():
+        for v in sorted({x for x in col[inside] if x is not None}):
+            parts.append(inside & (col == v))
+    for c1, c2 in itertools.combinations(cols.values(), 2):
+        for v1, v2 in itertools.product(sorted({x for x in c1[inside] if x is not None}),
+                                        sorted({x for x in c2[inside] if x is not None})):
+            parts.append(inside & (c1 == v1) & (c2 == v2))
+    for i in np.flatnonzero(inside):
+        part = np.zeros_like(inside)
+        part[i] = True
+        parts.append(part)
+    # Each part's complement too: all failures in one corner makes the rest the clean part.
+    parts += [inside & ~p for p in parts]
+    total_k, total_n = int(k[inside].sum()), int(n[inside].sum())
+    parts = [p for p in parts if 0 < n[p].sum() < total_n]
+    if not parts:
         return False
-    level = alpha / len(splits)
-    return any(_less(*s) < level for s in candidates)
+    k_part = np.array([k[p].sum() for p in parts])
+    n_part = np.array([n[p].sum() for p in parts])
+    clean = k_part <= (1 - COVERAGE) * total_k
+    if not clean.any():
+        return False
+    # P(at most k_part failures in the part | the failures of c spread over its samples at random)
+    p_clean = hypergeom.cdf(k_part[clean], total_n, total_k, n_part[clean])
+    return bool((p_clean < alpha / len(parts)).any())
 
 
 def explain(samples: pd.DataFrame, cells: pd.DataFrame | None = None, *, suite: Suite | None = None,
@@ -382,10 +389,6 @@ def _explain_mode(mode: str, samples: pd.DataFrame, classified: Classified, tabl
         p_value=None, p_adjusted=None, tried=len(conjs), cases=cases, commits=commits, clean_commits=(),
         failing_cells=failing_cells, failures=total_k, cells_in_scope=int(scope.sum()))
 
-    everything = _Conj((), scope.copy(), total_k, total_n)
-    if not _too_broad(everything, dims, n, k, alpha):
-        return dataclasses.replace(unexplained, verdict=Verdict.EVERYWHERE, clean_commits=_clean_commits(
-            scope, (), table, n_all, k_all, commits_all, commits))
     best: _Conj | None = None
     alternatives: list[_Conj] = []
     for size in range(1, max_terms + 1):
@@ -396,11 +399,18 @@ def _explain_mode(mode: str, samples: pd.DataFrame, classified: Classified, tabl
             best = fitting[0]
             alternatives = [c for c in fitting[1:] if np.array_equal(c.mask, best.mask)]
             break
+    significant = best is not None and best.p_adj < alpha
+    if not significant and not _too_broad(_Conj((), scope.copy(), total_k, total_n), dims, n, k, alpha):
+        # No setting credibly matters. It fails everywhere, or the samples are too few to say where.
+        everywhere = all(k[scope] > 0)
+        if best is None or everywhere:
+            return dataclasses.replace(unexplained, verdict=Verdict.EVERYWHERE, clean_commits=_clean_commits(
+                scope, (), table, n_all, k_all, commits_all, commits))
     if best is None:
         return unexplained
     terms = _terms(best.terms, scope, table)
     verdict = Verdict.EXPLAINED
-    if best.p_adj >= alpha:
+    if not significant:
         verdict = Verdict.TOO_FEW
     elif alternatives:
         verdict = Verdict.NOT_IDENTIFIABLE

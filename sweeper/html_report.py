@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 from sweeper import __version__, analysis
-from sweeper.bugreport import Redactor, log_lines
+from sweeper.bugreport import REDACTED, Redactor, log_lines
 from sweeper.explain import Classified, Explanation, Verdict, classify, describe, display_axis, value_text
 from sweeper.stats import wilson
 from sweeper.store import RunDir
@@ -287,7 +287,7 @@ def _cell(r: _Run, row: Mapping[str, Any], samples: pd.DataFrame, modes: Sequenc
     req_rows = []
     for name, axis, col, diff_name in _REQ_EFF:
         asked = value_text(axes.get(axis)) if axis else None
-        ran = _text(row.get(col))
+        ran = _fmt(row.get(col)) if _text(row.get(col)) else ""
         mark = ' class="differs"' if diff_name in differs else ""
         req_rows.append(f"<tr{mark}><th>{esc(name)}</th><td>{esc(asked or '(default)')}</td><td>{esc(ran or '?')}</td></tr>")
     config = ('<table class="grid"><tr><th></th><th>requested</th><th>effective</th></tr>' + "".join(req_rows) + "</table>")
@@ -509,7 +509,8 @@ def render(run: RunDir) -> str:
             + "".join(sections)
             + f'<p class="muted">Written by sweeper {esc(__version__)}; self-contained: it needs no network.</p>'
             f"</main><script>{_JS}</script></body></html>\n")
-    return redact.text(page)
+    # Scrubbed last, over everything the page shows (escaped, so it reads as text, not a tag).
+    return redact.text(page, html.escape(REDACTED))
 
 
 def write(run: RunDir, path: Path) -> Path:

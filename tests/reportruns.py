@@ -1,0 +1,55 @@
+"""Runs the report tests share (made once per session): the demo matrix as shipped, and a small run
+of the demo history with secrets planted in its settings. Import the fixtures into a test module."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sweeper.store import RunDir
+from sweeper.sweep import run_matrix
+
+ROOT = Path(__file__).resolve().parent.parent
+# Planted in the matrix settings: must appear in no report.
+TOKEN = "hf_PlantedSecretToken0123456789abcdef"
+TOKEN_AXIS = "tok-PlantedAxisSecret-42x"
+
+
+@pytest.fixture(scope="session")
+def report_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    yield tmp_path_factory.mktemp("report-runs")
+
+
+@pytest.fixture(scope="session")
+def demo_run(ray_cluster: None, report_dirs: Path) -> RunDir:
+    """`matrices/demo.yaml` exactly as shipped, its history and environments in the session's tmp."""
+    outcome = run_matrix(ROOT / "matrices" / "demo.yaml", runs_dir=report_dirs / "runs", run_id="demo",
+                         cache_dir=report_dirs / "cache")
+    return outcome.run
+
+
+@pytest.fixture(scope="session")
+def secret_run(ray_cluster: None, report_dirs: Path) -> RunDir:
+    """The demo history at main, thinking-budget suite only, with a token in the env and in an axis."""
+    path = report_dirs / "secret.yaml"
+    path.write_text(f"""
+name: secret
+model: Qwen/Qwen3.5-35B-A3B
+suite: {json.dumps(str(ROOT / "suites" / "thinking-budget.yaml"))}
+install: {{kind: sim, repo: "sim:demo"}}
+serve: {{--reasoning-parser: qwen3, --max-model-len: 32768}}
+env: {{HF_TOKEN: "{TOKEN}"}}
+concurrency: 4
+timeouts: {{startup_s: 60, request_s: 30}}
+axes:
+  commit: [main]
+  spec_method: [none, mtp]
+  num_speculative_tokens: [4]
+  env.VLLM_USE_V2_MODEL_RUNNER: ["0", "1"]
+  env.SWEEP_TEST_SECRET_TOKEN: ["{TOKEN_AXIS}"]
+""")
+    outcome = run_matrix(path, runs_dir=report_dirs / "secret-runs", run_id="secret", cache_dir=report_dirs / "cache")
+    return outcome.run
