@@ -1,96 +1,436 @@
-"""Calibration and cost of the noisy bisect on simulated histories.
+"""Calibration, coverage and cost of `sweeper.bisect.Search` on independently generated histories.
 
-    .venv/bin/python benchmarks/bisect_calibration.py --histories 5000
+    .venv/bin/python benchmarks/bisect_calibration.py --histories 500 --json /tmp/bisect-new.json
+    .venv/bin/python benchmarks/bisect_calibration.py --old /tmp/sweep-old --json /tmp/bisect-old.json
+    .venv/bin/python benchmarks/bisect_calibration.py --compare /tmp/bisect-old.json ...
 
-Histories: N log-uniform in 10..3,000 candidates, p_bad uniform in 0.05..1, p_good 0 half
-the time else uniform in 0..0.02, a random culprit, 5 % of interior commits untestable.
-Prints markdown: accuracy and calibration by reported confidence, cost for K = 1, 2, 4, 8,
-and samples compared with a fixed-repeats baseline (plain bisection, 20 samples per probe,
-a commit is bad when any sample fails: Pinpoint-style).
+Histories come from `benchmarks/histories.py`, which shares no code and no parameter choices
+with the search. Each family gets `--histories` histories, the same ones at every K; one
+probe is one server start whose per-mode rates vary with the family's ICC.
+
+A reported change is right when a true change of the same mode and direction has its
+commit among the change's candidates. Printed as markdown:
+
+- calibration: among changes reported at confidence >= c (0.9, 0.99), the fraction right,
+  with a Wilson 95 % interval, flagged when the interval lies below c;
+- coverage: the fraction of true changes reported right at confidence >= 0.99, by family,
+  by change role and by effect size (the smaller ratio of the rates on either side);
+- cost: mean probes (server starts), rounds and samples, and with `--compare` the same
+  figures of an earlier run (e.g. the single-mode search, `--old`);
+- the rounds of a single step 0.01 -> 0.1 over N = 200 at K = 4;
+- a few wrong or missed histories per family, with what was reported.
+
+`--src PATH` imports the search from another checkout, e.g. a worktree of the commit being
+measured. `--old PATH` drives the single-mode search of another checkout (the API before failure
+modes: `record(commit, failures, samples)`, one culprit per result) on the single-mode
+families, counting a failure of any mode as a failure; its culprit counts as a reported
+regression of whichever mode.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import multiprocessing as mp
+import sys
 import time
+import traceback
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from sweeper.bisect_sim import History, random_history, simulate
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from histories import FAMILIES, SINGLE_MODE, History, fixed_step
+
+STEP_LINE = "step 0.01→0.1, N=200"
+ROUND_GUARD = 10_000  # a search still asking after this many rounds is counted as stuck
+_OLD: str | None = None
 
 
-def fixed_repeats(history: History, rng: np.random.Generator, repeats: int = 20) -> tuple[bool, int, int]:
-    """Plain bisection, `repeats` samples per probe, bad on any failure; skips walk right
-    (then left) to the nearest testable commit. Returns (right, probes, samples)."""
-    lo, hi, probes = 0, history.n, 0
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        probe = next((i for i in [*range(mid, hi), *range(mid - 1, lo, -1)]
-                      if i not in history.skipped), None)
-        if probe is None:
+def _init(old: str | None, src: str | None) -> None:
+    global _OLD
+    _OLD = old
+    path = old or src
+    if path:
+        sys.path.insert(0, path)
+        import sweeper
+
+        where = Path(sweeper.__file__).resolve()
+        if not where.is_relative_to(Path(path).resolve()):
+            raise SystemExit(f"{path}: imported sweeper from {where}")
+
+
+def make_history(family: str, i: int, seed: int) -> History:
+    if family == STEP_LINE:
+        rng = np.random.default_rng([seed, 99, i])
+        return fixed_step(200, int(rng.integers(1, 201)), 0.01, 0.1)
+    fam = list(FAMILIES).index(family)
+    return FAMILIES[family](np.random.default_rng([seed, fam, i]))
+
+
+def _value(x: object) -> str:
+    return str(getattr(x, "value", x))
+
+
+def _run_new(h: History, k: int, rng: np.random.Generator, confidence: float,
+             max_samples: int | None) -> dict:
+    from sweeper.bisect import Search
+
+    s = Search(h.commits, confidence=confidence, max_samples=max_samples)
+    index = {c: i for i, c in enumerate(h.commits)}
+    loops, too_many = 0, 0
+    while not s.done:
+        reqs = s.next_probes(k)
+        if not reqs:
             break
-        probes += 1
-        if rng.binomial(repeats, history.rate(probe)) > 0:
-            hi = probe
-        else:
-            lo = probe
-    right = history.culprit is not None and lo < history.culprit <= hi
-    return right, probes, probes * repeats
+        loops += 1
+        if loops > ROUND_GUARD:
+            return {"error": "stuck"}
+        too_many += len(reqs) > k
+        for r in reqs:
+            i = index[r.commit]
+            if i in h.untestable:
+                s.record_skip(r.commit, "untestable")
+            else:
+                s.record(r.commit, r.samples, h.probe(rng, i, r.samples))
+    rep = s.result()
+    changes = [{"mode": c.mode, "direction": _value(c.direction), "candidates": list(c.candidates),
+                "confidence": float(c.confidence), "located": bool(c.located)} for c in rep.changes]
+    # A mode's P(no change) is a claim too: "nothing changed" where something did is a miss
+    # the search vouched for, unlike a mode it never saw fail.
+    modes = [{"mode": m.mode, "no_change": float(m.no_change)} for m in rep.modes]
+    return {"changes": changes, "rounds": rep.rounds, "probes": rep.probes, "samples": rep.samples,
+            "verdict": _value(rep.bad_endpoint), "done": bool(rep.done), "modes": modes, "over_k": too_many}
+
+
+def _run_old(h: History, k: int, rng: np.random.Generator, confidence: float,
+             max_samples: int | None) -> dict:
+    from sweeper.bisect import Search
+
+    # The search of another checkout, with the API from before failure modes.
+    s: Any = Search(h.commits, confidence=confidence, max_samples=max_samples)
+    index = {c: i for i, c in enumerate(h.commits)}
+    loops = 0
+    while not s.done:
+        reqs = s.next_probes(k)
+        if not reqs:
+            break
+        loops += 1
+        if loops > ROUND_GUARD:
+            return {"error": "stuck"}
+        for r in reqs:
+            i = index[r.commit]
+            if i in h.untestable:
+                s.record_skip(r.commit, "untestable")
+            else:
+                # Today's simulator honours the early stop, so its cost figures do too.
+                failures, samples = h.probe_any(rng, i, r.samples, r.stop_after_failures)
+                s.record(r.commit, failures, samples)
+    res = s.result()
+    kind = res.kind.name
+    changes = []
+    if kind in ("CULPRIT", "UNDECIDED") and res.culprit is not None:
+        changes.append({"mode": None, "direction": "regression", "candidates": list(res.candidates),
+                        "confidence": float(res.confidence), "located": kind == "CULPRIT"})
+    issue = res.endpoint_issue.name if res.endpoint_issue is not None else None
+    return {"changes": changes, "rounds": res.rounds, "probes": res.probes, "samples": res.samples,
+            "verdict": kind if issue is None else f"{kind}/{issue}", "over_k": 0}
+
+
+def run_one(task: tuple[str, int, int, int, float, int | None]) -> dict:
+    family, i, k, seed, confidence, max_samples = task
+    h = make_history(family, i, seed)
+    rng = np.random.default_rng([seed, 7, list(FAMILIES).index(family) if family in FAMILIES else 99, i, k])
+    t0 = time.perf_counter()
+    try:
+        out = (_run_old if _OLD else _run_new)(h, k, rng, confidence, max_samples)
+    except Exception:  # noqa: BLE001 -- one broken search should not lose the whole run
+        out = {"error": traceback.format_exc(limit=3)}
+    out.update(family=family, i=i, k=k, secs=time.perf_counter() - t0, params=h.params,
+               truth=[[c.mode, c.index, c.direction] for c in h.truth],
+               untestable=len(h.untestable), n=h.n)
+    return out
+
+
+# ---- scoring -----------------------------------------------------------------------------
+
+
+def _is_right(change: dict, truth: list) -> bool:
+    cands = set(change["candidates"])
+    return any((change["mode"] is None or change["mode"] == mode) and change["direction"] == d
+               and f"c{j}" in cands for mode, j, d in truth)
+
+
+def _covered(t: list, changes: list[dict], c: float = 0.99) -> bool:
+    return any(ch["confidence"] >= c and _is_right(ch, [t]) for ch in changes)
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    if n == 0:
+        return (math.nan, math.nan)
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _calib(rows: list[dict], c: float) -> tuple[str, str]:
+    picked = [ch for r in rows for ch in r["changes"] if ch["confidence"] >= c]
+    if not picked:
+        return "0", "-"
+    good = sum(_is_right(ch, r["truth"]) for r in rows for ch in r["changes"] if ch["confidence"] >= c)
+    lo, hi = wilson(good, len(picked))
+    flag = " **below**" if hi < c else ""
+    return str(len(picked)), f"{good / len(picked):.1%} [{lo:.1%}, {hi:.1%}]{flag}"
+
+
+def _coverage(rows: list[dict]) -> tuple[int, int]:
+    total = sum(len(r["truth"]) for r in rows)
+    hit = sum(_covered(t, r["changes"]) for r in rows for t in r["truth"])
+    return hit, total
+
+
+def _cov_str(hit: int, total: int, target: float | None = None) -> str:
+    if total == 0:
+        return "-"
+    flag = " **<95%**" if target is not None and hit / total < target else ""
+    return f"{hit / total:.1%} ({hit}/{total}){flag}"
+
+
+def _role(t: list, truth: list) -> str:
+    """'A regression', 'A fix', 'B regression': modes lettered by first change."""
+    letters: dict[str, str] = {}
+    for mode, _, _ in truth:
+        letters.setdefault(mode, "AB"[len(letters)] if len(letters) < 2 else "?")
+    return f"{letters[t[0]]} {t[2]}"
+
+
+def _ratio_bin(r: float) -> str:
+    for hi, name in ((2, "1.5–2×"), (4, "2–4×"), (10, "4–10×")):
+        if r < hi:
+            return name
+    return "≥10× or from 0"
+
+
+def _cost(rows: list[dict]) -> tuple[float, float, float]:
+    return (float(np.mean([r["probes"] for r in rows])), float(np.mean([r["rounds"] for r in rows])),
+            float(np.mean([r["samples"] for r in rows])))
+
+
+def _fmt_change(ch: dict) -> str:
+    cands = ch["candidates"]
+    shown = ",".join(cands) if len(cands) <= 4 else f"{cands[0]}..{cands[-1]} ({len(cands)})"
+    return f"{ch['mode']} {ch['direction']} at [{shown}] conf {ch['confidence']:.4f}" + \
+        ("" if ch["located"] else " (not located)")
+
+
+def _fmt_params(p: dict) -> str:
+    def f(v: object) -> str:
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        if isinstance(v, (list, tuple)):
+            return "(" + ", ".join(f(x) for x in v) + ")"
+        return str(v)
+    return ", ".join(f"{k}={f(v)}" for k, v in p.items())
+
+
+def report(results: list[dict], args: argparse.Namespace, elapsed: float, compare: list[dict] | None) -> None:
+    ok = [r for r in results if "error" not in r]
+    errors = [r for r in results if "error" in r]
+    by = defaultdict(list)
+    for r in ok:
+        by[(r["family"], r["k"])].append(r)
+    families = [f for f in FAMILIES if any(f == fam for fam, _ in by)]
+    what = f"old search at {args.old}" if args.old else f"sweeper.bisect.Search from {args.src or 'the install'}"
+    print(f"{what}: {args.histories} histories per family, K in {args.ks}, confidence {args.confidence}, "
+          f"max_samples {args.max_samples}, seed {args.seed}; {len(results)} searches in {elapsed:.0f} s "
+          f"on {args.workers} processes\n")
+    if errors:
+        print(f"**{len(errors)} searches failed**; first: family {errors[0]['family']} #{errors[0]['i']} "
+              f"K={errors[0]['k']}:\n```\n{errors[0]['error']}\n```\n")
+    over_k = sum(r.get("over_k", 0) for r in ok)
+    if over_k:
+        print(f"**{over_k} rounds asked for more than K probes**\n")
+
+    print("### Calibration and cost\n")
+    print("| family | K | runs | n ≥0.9 | right ≥0.9 [95% CI] | n ≥0.99 | right ≥0.99 [95% CI] "
+          "| coverage ≥0.99 | probes | rounds | samples |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    multi = {"two steps", "rise and fix", "rise and partial fix", "two modes"}
+    for fam in families:
+        for k in args.ks:
+            rows = by.get((fam, k), [])
+            if not rows:
+                continue
+            n9, r9 = _calib(rows, 0.9)
+            n99, r99 = _calib(rows, 0.99)
+            hit, total = _coverage(rows)
+            probes, rounds, samples = _cost(rows)
+            print(f"| {fam} | {k} | {len(rows)} | {n9} | {r9} | {n99} | {r99} | "
+                  f"{_cov_str(hit, total, 0.95 if fam in multi else None)} | "
+                  f"{probes:.1f} | {rounds:.1f} | {samples:,.0f} |")
+        if len(args.ks) > 1:
+            # Calibration pooled over K: the same histories, independent probe draws.
+            rows = [r for k in args.ks for r in by.get((fam, k), [])]
+            n9, r9 = _calib(rows, 0.9)
+            n99, r99 = _calib(rows, 0.99)
+            print(f"| {fam} | all | {len(rows)} | {n9} | {r9} | {n99} | {r99} | "
+                  f"{_cov_str(*_coverage(rows), 0.95 if fam in multi else None)} | | | |")
+
+    if any("modes" in r for r in ok):
+        print("\n### \"No change\" claims: modes the search saw fail and reported with P(no change) ≥ c\n")
+        print("| family | n ≥0.9 | right ≥0.9 [95% CI] | n ≥0.99 | right ≥0.99 [95% CI] | modes never seen failing |")
+        print("|---|---|---|---|---|---|")
+        for fam in families:
+            rows = [r for k in args.ks for r in by.get((fam, k), []) if "modes" in r]
+            cells = []
+            for c in (0.9, 0.99):
+                claims = [not any(t[0] == m["mode"] for t in r["truth"])
+                          for r in rows for m in r["modes"] if m["no_change"] >= c]
+                lo, hi = wilson(sum(claims), len(claims))
+                flag = " **below**" if claims and hi < c else ""
+                cells += [str(len(claims)), f"{np.mean(claims):.1%} [{lo:.1%}, {hi:.1%}]{flag}" if claims else "-"]
+            unseen = sum(1 for r in rows for m in {t[0] for t in r["truth"]}
+                         if m not in {x["mode"] for x in r["modes"]})
+            print(f"| {fam} | {' | '.join(cells)} | {unseen} |")
+
+    if "no change" in families:
+        print("\n`no change`: runs with no change reported at ≥ 0.9 — " + ", ".join(
+            f"K={k}: {np.mean([not any(c['confidence'] >= 0.9 for c in r['changes']) for r in by[('no change', k)]]):.1%}"
+            for k in args.ks if by.get(("no change", k))))
+
+    print("\n### Coverage by change (all K)\n")
+    print("| family | change | coverage ≥0.99 |")
+    print("|---|---|---|")
+    for fam in families:
+        roles: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        for k in args.ks:
+            for r in by.get((fam, k), []):
+                for t in r["truth"]:
+                    key = _role(t, r["truth"])
+                    roles[key][0] += _covered(t, r["changes"])
+                    roles[key][1] += 1
+        for key, (hit, total) in sorted(roles.items()):
+            print(f"| {fam} | {key} | {_cov_str(hit, total)} |")
+
+    print("\n### Coverage by effect size (smallest rate ratio in the history, all families, all K)\n")
+    bins: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for r in ok:
+        if "ratio" in r["params"]:
+            hit, total = _coverage([r])
+            b = bins[_ratio_bin(float(r["params"]["ratio"]))]
+            b[0] += hit
+            b[1] += total
+    print("| ratio | coverage ≥0.99 |")
+    print("|---|---|")
+    for name in ("1.5–2×", "2–4×", "4–10×", "≥10× or from 0"):
+        if name in bins:
+            print(f"| {name} | {_cov_str(*bins[name])} |")
+
+    step = by.get((STEP_LINE, 4), [])
+    if step:
+        right = np.mean([any(ch["confidence"] >= 0.99 and _is_right(ch, r["truth"]) for ch in r["changes"])
+                         for r in step])
+        probes, rounds, samples = _cost(step)
+        print(f"\n**Single step 0.01 → 0.1, N = 200, K = 4** ({len(step)} histories, culprit uniform): "
+              f"mean rounds {rounds:.1f} (max {max(r['rounds'] for r in step)}), probes {probes:.1f}, "
+              f"samples {samples:,.0f}, right at ≥ 0.99 {right:.1%}")
+
+    if compare:
+        # Paired: only the histories (same seed, family, index, K) this run also searched.
+        ran = {(r["family"], r["i"], r["k"]) for r in ok}
+        cby = defaultdict(list)
+        for r in compare:
+            if "error" not in r and (r["family"], r["i"], r["k"]) in ran:
+                cby[(r["family"], r["k"])].append(r)
+        print("\n### Cost and right answers next to the earlier run (`--compare`)\n")
+        print("| family | K | earlier right ≥0.99 / coverage | now coverage | earlier probes / rounds / samples "
+              "| now probes / rounds / samples |")
+        print("|---|---|---|---|---|---|")
+        for fam in [*families, STEP_LINE]:
+            for k in args.ks:
+                rows, old = by.get((fam, k), []), cby.get((fam, k), [])
+                if not rows or not old:
+                    continue
+                o = _cost(old)
+                n_ = _cost(rows)
+                _, r99 = _calib(old, 0.99)
+                print(f"| {fam} | {k} | {r99.split(' [')[0]} / {_cov_str(*_coverage(old))} | "
+                      f"{_cov_str(*_coverage(rows))} | {o[0]:.1f} / {o[1]:.1f} / {o[2]:,.0f} | "
+                      f"{n_[0]:.1f} / {n_[1]:.1f} / {n_[2]:,.0f} |")
+
+    if args.old:
+        print("\n### Verdicts of the old search (all K)\n")
+        for fam in families:
+            counts: dict[str, int] = defaultdict(int)
+            for k in args.ks:
+                for r in by.get((fam, k), []):
+                    counts[r["verdict"]] += 1
+            print(f"- {fam}: " + ", ".join(f"{v} {n}" for v, n in sorted(counts.items(), key=lambda x: -x[1])))
+
+    if args.examples:
+        print("\n### Examples: wrong at ≥ 0.99, or a true change missed (K = 4 where run)\n")
+        k_ex = 4 if 4 in args.ks else args.ks[0]
+        for fam in families:
+            rows = by.get((fam, k_ex), [])
+            wrong = [r for r in rows if any(ch["confidence"] >= 0.99 and not _is_right(ch, r["truth"])
+                                            for ch in r["changes"])]
+            missed = [r for r in rows if r not in wrong and any(not _covered(t, r["changes"]) for t in r["truth"])]
+            for label, pick in (("wrong", wrong), ("missed", missed)):
+                for r in pick[: args.examples]:
+                    truth = "; ".join(f"{m} {d} at c{j}" for m, j, d in r["truth"]) or "none"
+                    said = "; ".join(_fmt_change(ch) for ch in r["changes"]) or "nothing"
+                    print(f"- {fam} #{r['i']} ({label}, {len(pick)} of {len(rows)}): {_fmt_params(r['params'])}, "
+                          f"{r['untestable']} untestable. Truth: {truth}. Reported: {said}. "
+                          f"{r['probes']} probes, {r['rounds']} rounds, {r['samples']:,} samples.")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--histories", type=int, default=5000)
+    ap.add_argument("--histories", type=int, default=500, help="histories per family")
+    ap.add_argument("--ks", default="1,4,8", help="probes per round, comma-separated")
+    ap.add_argument("--families", default=None, help="comma-separated subset of: " + ", ".join(FAMILIES))
+    ap.add_argument("--step-line", type=int, default=200, help="histories for the 0.01->0.1 N=200 K=4 line")
     ap.add_argument("--confidence", type=float, default=0.99)
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--max-samples", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--old", default=None, help="checkout with the single-mode Search (single-mode families)")
+    ap.add_argument("--src", default=None, help="import the search from this checkout (e.g. a worktree of "
+                    "the commit being measured) instead of the installed one")
+    ap.add_argument("--json", default=None, help="write every search's result here")
+    ap.add_argument("--compare", default=None, help="a --json file of an earlier run to set the cost next to")
+    ap.add_argument("--examples", type=int, default=3, help="wrong/missed histories shown per family")
     args = ap.parse_args()
-    rng = np.random.default_rng(args.seed)
-    histories = [random_history(rng) for _ in range(args.histories)]
-    ks = (1, 2, 4, 8)
-    rows: dict[int, list[tuple[float, bool, int, int, int, str]]] = {}
+    args.ks = tuple(int(x) for x in args.ks.split(","))
+    families = [f.strip() for f in args.families.split(",")] if args.families else list(FAMILIES)
+    if unknown := [f for f in families if f not in FAMILIES]:
+        ap.error(f"unknown families {unknown}; known: {', '.join(FAMILIES)}")
+    if args.old:
+        families = [f for f in families if f in SINGLE_MODE]
+    tasks = [(fam, i, k, args.seed, args.confidence, args.max_samples)
+             for fam in families for i in range(args.histories) for k in args.ks]
+    if args.step_line and 4 in args.ks:
+        tasks += [(STEP_LINE, i, 4, args.seed, args.confidence, args.max_samples) for i in range(args.step_line)]
+    # Interleave families so progress and any slow family show early.
+    order = np.random.default_rng(0).permutation(len(tasks))
+    tasks = [tasks[j] for j in order]
+
     start = time.perf_counter()
-    for k in ks:
-        krng = np.random.default_rng(args.seed * 100 + k)
-        rows[k] = []
-        for h in histories:
-            r = simulate(h, krng, parallel=k, confidence=args.confidence, max_samples_per_probe=5000)
-            rows[k].append((r.confidence, h.is_right(r), r.probes, r.rounds, r.samples, r.kind.name))
+    results = []
+    with mp.Pool(args.workers, initializer=_init, initargs=(args.old, args.src)) as pool:
+        for n, r in enumerate(pool.imap_unordered(run_one, tasks, chunksize=4), 1):
+            results.append(r)
+            if n % max(1, len(tasks) // 20) == 0:
+                print(f"{n}/{len(tasks)} searches, {time.perf_counter() - start:.0f} s", file=sys.stderr)
     elapsed = time.perf_counter() - start
-    brng = np.random.default_rng(args.seed * 100)
-    base = [fixed_repeats(h, brng) for h in histories]
-
-    print(f"{args.histories} histories per K, confidence target {args.confidence}, "
-          f"{elapsed:.0f} s\n")
-    print("| K | right | undecided | mean probes | mean rounds | mean samples | median samples |")
-    print("|---|---|---|---|---|---|---|")
-    for k in ks:
-        conf, ok, probes, rounds, samples, kind = map(np.array, zip(*rows[k]))
-        print(f"| {k} | {ok.mean():.2%} | {(kind == 'UNDECIDED').mean():.2%} | {probes.mean():.1f} | "
-              f"{rounds.mean():.1f} | {samples.mean():.0f} | {np.median(samples):.0f} |")
-    ok_b, probes_b, samples_b = map(np.array, zip(*base))
-    print(f"| fixed 20/probe | {ok_b.mean():.2%} | - | {probes_b.mean():.1f} | {probes_b.mean():.1f} | "
-          f"{samples_b.mean():.0f} | {np.median(samples_b):.0f} |")
-
-    print("\nCalibration (all K pooled): among results reported with confidence >= c\n")
-    print("| c | results | right |")
-    print("|---|---|---|")
-    pooled = [row for k in ks for row in rows[k]]
-    conf = np.array([r[0] for r in pooled])
-    ok = np.array([r[1] for r in pooled])
-    for c in (0.5, 0.9, 0.95, 0.99, 0.995, 0.999):
-        sel = conf >= c
-        print(f"| {c} | {sel.sum()} | {ok[sel].mean():.2%} |" if sel.any() else f"| {c} | 0 | - |")
-
-    print("\nBy regression rate (K = 1): samples vs the fixed-repeats baseline\n")
-    print("| p_bad | histories | right | mean samples | fixed 20/probe right | fixed mean samples |")
-    print("|---|---|---|---|---|---|")
-    p_bad = np.array([h.p_bad for h in histories])
-    ok1 = np.array([r[1] for r in rows[1]])
-    s1 = np.array([r[4] for r in rows[1]])
-    for lo, hi in ((0.05, 0.1), (0.1, 0.25), (0.25, 0.5), (0.5, 1.0)):
-        sel = (p_bad >= lo) & (p_bad < hi if hi < 1 else p_bad <= hi)
-        print(f"| {lo}-{hi} | {sel.sum()} | {ok1[sel].mean():.2%} | {s1[sel].mean():.0f} | "
-              f"{ok_b[sel].mean():.2%} | {samples_b[sel].mean():.0f} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results))
+    compare = json.loads(Path(args.compare).read_text()) if args.compare else None
+    report(results, args, elapsed, compare)
 
 
 if __name__ == "__main__":
