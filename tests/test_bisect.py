@@ -58,13 +58,16 @@ def test_deterministic_regression_is_found_in_about_log2_n_probes() -> None:
     assert report.probes <= 4 + math.ceil(math.log2(1024)) + 6
 
 
-def test_endpoints_get_two_server_starts_before_anything_else() -> None:
+def test_endpoints_get_two_server_starts_first_and_free_slots_split_the_range() -> None:
     search = Search(commits(100))
-    first = search.next_probes(8)
-    assert {r.commit for r in first} == {"c0", "c100"}
+    assert [r.commit for r in search.next_probes(1)] == ["c0"]
+    search = Search(commits(100))
+    first = search.next_probes(4)
+    assert [r.commit for r in first] == ["c0", "c34", "c67", "c100"]  # the ends, then a blind split
     for r in first:
-        search.record(r.commit, r.samples, {"a": r.samples // 2 if r.commit == "c100" else 0})
-    assert {r.commit for r in search.next_probes(8)} == {"c0", "c100"}
+        search.record(r.commit, r.samples, {"a": r.samples // 2 if r.index > 50 else 0})
+    second = {r.commit for r in search.next_probes(4)}
+    assert {"c0", "c100"} <= second  # a second start at each end before their rates are trusted
 
 
 def test_a_regression_and_its_fix_in_one_range() -> None:

@@ -315,7 +315,13 @@ class Search:
             if self._starts(i) < self.endpoint_starts and self._probeable(i):
                 needs.append(_Need(10.0, (i,), self.first_batch))
         if needs:
-            return needs
+            # Slots the endpoints leave free in the first rounds split the range blind: cheap
+            # there, and half the bisection is done if the endpoints differ.
+            interior = tuple(j for j in range(1, last) if j not in self._skipped)
+            if interior and all(self._starts(j) == 0 for j in interior):
+                needs.append(_Need(0.5, interior, self.first_batch, split=True))
+            if any(self._starts(i) == 0 for i in (0, last)):
+                return needs
         if self.bad_endpoint() is BadEndpoint.UNDECIDED and self._probeable(last):
             # Enough to say "passes" if the next batch is clean too.
             needs.append(_Need(1.0, (last,), max(self.min_batch, self._clean_needed() - self._samples_at(last))))
@@ -324,6 +330,7 @@ class Search:
             if max(seg.high for seg in post.segments) < self.min_rate:
                 continue  # below the search's resolution everywhere: reported, not searched
             pts = post.points
+            before = len(needs)
             # Where a gap's sides look alike, plan for the largest contrast this mode has shown.
             seg_rates = [seg.rate for seg in post.segments]
             contrast = (min(seg_rates), max(seg_rates))
@@ -340,11 +347,27 @@ class Search:
                         needs.append(_Need(float(p), inside, n, split=True))
                 elif 1 - self.confidence < p < self.confidence and max(seg_lo.high, seg_hi.high) >= self.min_rate:
                     # (Both sides credibly below min_rate: a change between them is below resolution.)
-                    sides = sorted((x for x in (lo, hi) if self._probeable(x)),
-                                   key=lambda x: (self._samples_at(x), x))
-                    if sides:
-                        needs.append(_Need(2 * min(float(p), 1 - float(p)), (sides[0],), n))
+                    self._resample(needs, lo, hi, 2 * min(float(p), 1 - float(p)), n)
+                elif p >= self.confidence and not self._two_starts_each(lo, hi, post.rho):
+                    self._resample(needs, lo, hi, 0.5, n, by_starts=True)
+            asked = len(needs) > before or any(p > 0.5 for p in post.gap_change)
+            if not asked and 1 - post.no_change >= self.explore:
+                # Some change is likely but spread over every gap: only more samples at the ends
+                # can tell a small change from none (a small effect just needs more samples).
+                self._resample(needs, 0, last, 1 - post.no_change, self._batch(*contrast, post.rho))
         return needs
+
+    def _two_starts_each(self, lo: int, hi: int, rho: float) -> bool:
+        """With per-start variation, one start per side can be one odd start: a located change
+        is settled only with two on each side."""
+        return rho <= 0.02 or min(self._starts(lo), self._starts(hi)) >= 2
+
+    def _resample(self, needs: list[_Need], lo: int, hi: int, value: float, n: int, *,
+                  by_starts: bool = False) -> None:
+        sides = sorted((x for x in (lo, hi) if self._probeable(x)),
+                       key=lambda x: ((self._starts(x),) if by_starts else ()) + (self._samples_at(x), x))
+        if sides:
+            needs.append(_Need(value, (sides[0],), n))
 
     def _plan(self, k: int) -> dict[int, tuple[int, float]]:
         """Up to k distinct commits -> (samples, value): greedy over the needs, merged across modes.
@@ -449,7 +472,8 @@ class Search:
             direction = Direction.REGRESSION if after.rate > before.rate else Direction.FIX
             changes.append(Change(mode, direction, self.commits[hi], self.commits[lo + 1: hi + 1], float(p),
                                   not inside, Rate.of(before), Rate.of(after), self.commits[lo],
-                                  not inside and p >= self.confidence))
+                                  not inside and p >= self.confidence
+                                  and self._two_starts_each(lo, hi, post.rho)))
         good, bad = post.segments[0], post.segments[-1]
         fails_good = pts[0] == 0 and good.failures > 0 and good.low > 0
         fails_bad = pts[-1] == len(self.commits) - 1 and bad.failures > 0 and bad.low > 0
