@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from conftest import SUITE as TINY_SUITE
 from conftest import make_sim_repo
 
 from sweeper import analysis
@@ -27,36 +29,19 @@ NGRAM = {"id": "ngram-ws", "effect": "silent_whitespace", "when": {"spec_method"
 N = 12
 REGRESS_FSM, REGRESS_BUDGET, FIX_NGRAM = 7, 10, 4
 
-SUITE = """
-name: small
-defaults:
-  repeat: 24
-  body: {max_tokens: 1024, temperature: 0}
-  checks: [http_ok, {finish_reason: {expected: stop}}, json_schema, no_whitespace_tail,
-           {log_absent: {pattern: "Failed to advance FSM"}}]
-cases:
-  - id: invoice
-    body:
-      messages: [{role: user, content: "Extract the invoice as JSON."}]
-      response_format:
-        type: json_schema
-        json_schema:
-          name: invoice
-          schema:
-            type: object
-            properties:
-              customer: {type: string}
-              items: {type: array, items: {type: object, properties: {sku: {type: string}, qty: {type: integer}},
-                                            required: [sku, qty]}}
-            required: [customer, items]
-  - id: budget
-    repeat: 8
-    checks: [http_ok, {finish_reason: {expected: stop}}, {reasoning_tokens_at_most: {max: 4}}, content_nonempty]
-    body:
-      thinking_token_budget: 4
-      chat_template_kwargs: {enable_thinking: true}
-      messages: [{role: user, content: "What is 1+1?"}]
-"""
+INVOICE = next(c for c in yaml.safe_load(TINY_SUITE)["cases"] if c["id"] == "invoice")
+SUITE = yaml.safe_dump({
+    "name": "small",
+    "defaults": {"repeat": 24, "body": {"max_tokens": 1024, "temperature": 0},
+                 "checks": ["http_ok", {"finish_reason": {"expected": "stop"}}, "json_schema", "no_whitespace_tail",
+                            {"log_absent": {"pattern": "Failed to advance FSM"}}]},
+    "cases": [INVOICE, {
+        "id": "budget", "repeat": 8,
+        "checks": ["http_ok", {"finish_reason": {"expected": "stop"}}, {"reasoning_tokens_at_most": {"max": 4}},
+                   "content_nonempty"],
+        "body": {"thinking_token_budget": 4, "chat_template_kwargs": {"enable_thinking": True},
+                 "messages": [{"role": "user", "content": "What is 1+1?"}]}}],
+})
 
 MATRIX = """
 name: cells
