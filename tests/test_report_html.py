@@ -20,7 +20,7 @@ from PIL import Image
 from reportruns import TOKEN, TOKEN_AXIS
 from typer.testing import CliRunner
 
-from sweeper import analysis, html_report, report
+from sweeper import analysis, bugreport, html_report, report
 from sweeper.cli import app
 from sweeper.store import RunDir
 
@@ -197,6 +197,11 @@ def test_a_bisect_run_shows_its_changes_and_probes(ray_cluster: None, demo_run: 
     probes = analysis.load_table(outcome.run, "probes").num_rows
     assert got["probes"] == probes > 0
     assert all(u.startswith(("file:", "data:", "about:")) for u in got["requests"])
+    # The bug report of the sweep run now names the culprit this bisect found.
+    md = bugreport.issue_markdown(demo_run, mode="reasoning_tokens", runs_dir=demo_run.root.parent)
+    culprit = md.split("**Culprit** (found by `sweep bisect`):\n")[1].splitlines()[0]
+    assert "[Model Runner V2] Fused multi-step draft decode for MTP (#54120)" in culprit
+    assert f"bisect run `{outcome.run.run_id}`" in culprit
 
 
 def test_terminal_table_and_png_heatmap_in_history_order(demo_run: RunDir, tmp_path: Path) -> None:
