@@ -78,7 +78,8 @@ def one(tmp: Path, repo: Path, requests: int, scan_sample: int) -> dict[str, flo
         request_log_lines(log, rid)
     scan = (time.perf_counter() - t0) / k * n
     t0 = time.perf_counter()
-    index = LogIndex(log)
+    # As the runner indexes: only the runs holding one of the group's id prefixes.
+    index = LogIndex(log, hints={"-".join(rid.split("-")[:3]) + "-" for rid in ids})
     for rid in ids:
         index.lines_for(rid)
     indexed = time.perf_counter() - t0
@@ -100,7 +101,7 @@ def main() -> None:
         one(tmp, repo, 10, 10)
         rows = [one(tmp, repo, int(s), args.scan_sample) for s in args.sizes.split(",")]
     print("| requests in the group | log lines | failed | post-processing | per sample | "
-          "per-sample log scan (before), extrapolated | log index (now) |")
+          "per-sample log scan (before), extrapolated | one log index, all lookups (now) |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['n']:,} | {r['log_lines']:,} | {r['failed']:,} | {r['post']:.3f} s | "

@@ -7,6 +7,7 @@ won't start, crashes or hangs becomes cell rows with a status and the log tail.
 
 from __future__ import annotations
 
+import codecs
 import os
 import re
 import secrets
@@ -17,7 +18,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pyarrow as pa
 
@@ -130,15 +131,16 @@ def run_group(job: GroupJob) -> GroupResult:
                            startup_timeout_s=job.spec.timeouts.startup_s,
                            pid_file=Path(job.log_dir) / f"{group.group_id}.pgid")
     requests = build_requests(job, cells)
+    live = _LiveJudge(base, requests, log_path)
     try:
         # in_use: cache eviction on this node never removes an environment a server runs from.
-        with environments.in_use(installed), server:
+        with environments.in_use(installed), server, live:
             base.startup_s = server.startup_s
             t_replay = time.monotonic()
             before = metrics.scrape(server.base_url, api_key)
             outcome = run_replay(server.base_url, api_key, [r for _, _, r in requests],
                                  concurrency=job.spec.concurrency, timeout_s=job.spec.timeouts.request_s,
-                                 alive=server.alive)
+                                 alive=server.alive, on_reply=live.on_reply)
             alive_after = server.alive()
             after = metrics.scrape(server.base_url, api_key) if alive_after else None
             log_text = server.log_text()
@@ -157,20 +159,16 @@ def run_group(job: GroupJob) -> GroupResult:
         detail = f"requests stopped answering; {outcome.unsent} requests not sent"
     elif any(r.timed_out for r in outcome.replies):
         detail = f"{sum(r.timed_out for r in outcome.replies)} requests timed out"
-    # One pass over the log indexes every request's lines: a per-sample scan of the whole log made
-    # post-processing quadratic in the requests of a group.
-    log_index = LogIndex(log_text.splitlines())
     effective = vllm.effective_config(log_text)
     spec_figures = metrics.spec_decode(before, after) if after is not None else {}
     finger = fingerprint.collect(installed)
-    by_rid = {r.request.request_id: r for r in outcome.replies}
+    judged = live.finish(outcome.replies, log_text)
     samples: list[dict[str, Any]] = []
     by_cell: dict[str, list[dict[str, Any]]] = {c.cell_id: [] for c in cells}
-    for cell, case, req in requests:
-        reply = by_rid.get(req.request_id)
-        if reply is None:
+    for cell, _, req in requests:
+        sample = judged.get(req.request_id)
+        if sample is None:
             continue  # never sent: the server was already gone
-        sample = base.sample(cell, case, reply, log_index)
         samples.append(sample)
         by_cell[cell.cell_id].append(sample)
     duration = time.monotonic() - t_start
@@ -186,6 +184,87 @@ def run_group(job: GroupJob) -> GroupResult:
     return result
 
 
+class _LiveJudge:
+    """Judges each reply as it arrives, with the server log as far as it is written, so the checks
+    run while the replay waits on the server rather than after it. The complete log decides: a
+    sample whose log lines changed since it was judged is judged again (checks are pure functions
+    of the exchange, so an unchanged exchange keeps its verdicts). Either way each request's lines
+    come from an index of the log by request id, never a scan of the whole log per sample."""
+
+    def __init__(self, base: _CellBase, requests: Sequence[tuple[Cell, Any, Request]], log_path: Path) -> None:
+        self.base = base
+        self.meta = {req.request_id: (cell, case) for cell, case, req in requests}
+        # `sweep-<cell>-<salt>-`: in every id this group sends, and in the ids vLLM derives from them.
+        self.hints = tuple(dict.fromkeys("-".join(req.request_id.split("-")[:3]) + "-" for _, _, req in requests))
+        self.index = LogIndex(hints=self.hints)
+        self.reader = _LogReader(log_path)
+        self.judged: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {}
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.reader.close()
+
+    def on_reply(self, reply: Reply) -> None:
+        try:
+            self.index.add(self.reader.new_lines())
+            rid = reply.request.request_id
+            cell, case = self.meta[rid]
+            lines = tuple(self.index.lines_for(rid, reply.response))
+            self.judged[rid] = (self.base.sample(cell, case, reply, lines), lines)
+        except Exception:  # noqa: BLE001  (never stop a replay: `finish` judges what is missing here)
+            return
+
+    def finish(self, replies: Sequence[Reply], log_text: str) -> dict[str, dict[str, Any]]:
+        log_lines = log_text.splitlines()
+        read = len(self.index.lines)
+        if self.index.lines == log_lines[:read]:
+            final = self.index  # what was read live is the log's beginning: index only the rest
+            final.add(log_lines[read:])
+        else:  # the log was split differently (a line separator other than \n): index it anew
+            final = LogIndex(log_lines, hints=self.hints)
+        out = {}
+        for reply in replies:
+            rid = reply.request.request_id
+            lines = tuple(final.lines_for(rid, reply.response))
+            sample, seen = self.judged.get(rid, (None, None))
+            if sample is None or seen != lines:
+                cell, case = self.meta[rid]
+                sample = self.base.sample(cell, case, reply, lines)
+            out[rid] = sample
+        return out
+
+
+class _LogReader:
+    """The lines appended to a log file since the last call (split on newlines; the last, partial
+    line waits for its end)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.file: Any = None
+        self.partial = ""
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def new_lines(self) -> list[str]:
+        if self.file is None:
+            try:
+                self.file = open(self.path, "rb")  # noqa: SIM115  (kept open across calls; closed by close())
+            except FileNotFoundError:
+                return []
+        data = self.file.read()
+        if not data:
+            return []
+        lines = (self.partial + self.decoder.decode(data)).split("\n")
+        self.partial = lines.pop()
+        return lines
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
 class _CellBase:
     """Builds the rows of one group: the columns every sample and cell row of the group share."""
 
@@ -194,8 +273,14 @@ class _CellBase:
         self.version: str | None = None
         self.startup_s: float | None = None
         self.node = socket.gethostname()
+        self._common: dict[str, dict[str, Any]] = {}
 
     def common(self, cell: Cell) -> dict[str, Any]:
+        if cell.cell_id not in self._common:
+            self._common[cell.cell_id] = self._make_common(cell)
+        return self._common[cell.cell_id]
+
+    def _make_common(self, cell: Cell) -> dict[str, Any]:
         return {
             "run_id": self.job.run_id, "group_id": self.job.group.group_id, "cell_id": cell.cell_id,
             "server_key": cell.server_key, "settings_key": cell.settings_key, "commit": cell.commit, "commit_sha": self.job.sha,
@@ -205,9 +290,8 @@ class _CellBase:
             "suite": self.job.suite.name, "suite_digest": self.job.suite.digest,
         }
 
-    def sample(self, cell: Cell, case: Any, reply: Reply, log_index: LogIndex) -> dict[str, Any]:
+    def sample(self, cell: Cell, case: Any, reply: Reply, rid_lines: tuple[str, ...]) -> dict[str, Any]:
         response = reply.response
-        rid_lines = tuple(log_index.lines_for(reply.request.request_id, response))
         verdicts = run_checks(case.checks, Exchange(request=reply.request.body, http_status=reply.http_status,
                                                     response=response, error=reply.error, log_lines=rid_lines))
         failed = [v for v in verdicts if not v.passed]

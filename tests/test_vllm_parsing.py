@@ -202,10 +202,15 @@ def test_log_index_finds_the_same_lines_as_the_scan() -> None:
     for _ in range(400):
         parts = [rng.choice(words + ids) for _ in range(rng.randint(1, 8))]
         lines.append("INFO 11-29 08:16:40 [x.py:1] " + "".join(parts))
-    index = LogIndex(lines)
-    for rid in ids + ["chatcmpl-a", "cmpl-a-1", "a-0123abcd"]:
-        assert index.lines_for(rid) == request_log_lines(lines, rid), rid
-        assert index.lines_for("zz", {"id": rid}) == request_log_lines(lines, "zz", {"id": rid}), rid
+    # Whole, fed in pieces as a log grows, and with hints (only runs holding one are indexed; ids
+    # without a hint go to a full index built on demand): the same lines every time.
+    grown = LogIndex(hints=("a-", ".b"))
+    for start in range(0, len(lines), 37):
+        grown.add(lines[start:start + 37])
+    for index in (LogIndex(lines), LogIndex(lines, hints=("a-1",)), grown):
+        for rid in ids + ["chatcmpl-a", "cmpl-a-1", "a-0123abcd"]:
+            assert index.lines_for(rid) == request_log_lines(lines, rid), rid
+            assert index.lines_for("zz", {"id": rid}) == request_log_lines(lines, "zz", {"id": rid}), rid
 
 
 # --- metrics --------------------------------------------------------------------------------------

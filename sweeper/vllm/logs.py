@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -253,40 +253,41 @@ class LogIndex:
     instead of the whole log: a group of N requests costs O(log) once, not O(N x log). A token
     `P + id + S` (P: no prefix, `chatcmpl-` or `cmpl-`; S: nothing or the engine's `-<8 hex>`) is
     filed under itself and, when it ends in S, without S; a lookup tries the three prefixes.
+
+    `hints`: substrings every id the caller will look up is likely to contain (the sweeper's id
+    prefixes). Then only the runs holding a hint are indexed, and most lines are passed over with
+    a substring test; an id without a hint is looked up in a full index, built once when first
+    needed. `add` extends the index as the log grows.
     """
 
-    def __init__(self, log_lines: Iterable[str]) -> None:
-        self.lines = [line.rstrip("\n") for line in log_lines]
-        index: dict[str, list[int]] = {}
-        for i, line in enumerate(self.lines):
-            for run in _ID_RUN.findall(line):
-                if "-" not in run:
-                    continue
-                if "." in run:
-                    parts = run.split(".")
-                    tokens = [t for a in range(len(parts)) for b in range(a + 1, min(len(parts), a + _MAX_SPAN) + 1)
-                              if "-" in (t := ".".join(parts[a:b]))]
-                else:
-                    tokens = [run]
-                for token in tokens:
-                    keys = [token]
-                    n = len(token)
-                    if n > 9 and token[n - 9] == "-" and _HEX8.fullmatch(token, n - 8):
-                        keys.append(token[:n - 9])
-                    for key in keys:
-                        found = index.get(key)
-                        if found is None:
-                            index[key] = [i]
-                        elif found[-1] != i:
-                            found.append(i)
-        self._index = index
+    def __init__(self, log_lines: Iterable[str] = (), hints: Iterable[str] = ()) -> None:
+        self.lines: list[str] = []
+        self.hints = tuple(h for h in dict.fromkeys(hints) if h)
+        self._hinted: dict[str, list[int]] = {}
+        self._full: dict[str, list[int]] | None = None if self.hints else {}
+        self.add(log_lines)
+
+    def add(self, log_lines: Iterable[str]) -> None:
+        first = len(self.lines)
+        self.lines.extend(line.rstrip("\n") for line in log_lines)
+        if self.hints:
+            _index_lines(self._hinted, self.lines, first, self.hints)
+        if self._full is not None:
+            _index_lines(self._full, self.lines, first, ())
 
     def _find(self, request_id: str) -> set[int]:
         key = _norm_id(request_id)
         if _ID_KEY.match(key) and key.count(".") < _MAX_SPAN:
+            if self.hints and any(h in key for h in self.hints):
+                index = self._hinted  # every line naming this id holds the hint, so was indexed
+            else:
+                if self._full is None:
+                    self._full = {}
+                    _index_lines(self._full, self.lines, 0, ())
+                index = self._full
             out: set[int] = set()
             for prefix in _PREFIXES:
-                out.update(self._index.get(prefix + key, ()))
+                out.update(index.get(prefix + key, ()))
             return out
         rx = _id_pattern(request_id)  # an id the index cannot hold: scan (rare; never a sweep's own ids)
         return {i for i, line in enumerate(self.lines) if rx.search(line)}
@@ -297,6 +298,33 @@ class LogIndex:
         if isinstance(rid, str) and rid and _norm_id(rid) != _norm_id(request_id):
             found |= self._find(rid)
         return [self.lines[i] for i in sorted(found)]
+
+
+def _index_lines(index: dict[str, list[int]], lines: Sequence[str], first: int, hints: tuple[str, ...]) -> None:
+    for i in range(first, len(lines)):
+        line = lines[i]
+        if hints and not any(h in line for h in hints):
+            continue
+        for run in _ID_RUN.findall(line):
+            if "-" not in run or (hints and not any(h in run for h in hints)):
+                continue
+            if "." in run:
+                parts = run.split(".")
+                tokens = [t for a in range(len(parts)) for b in range(a + 1, min(len(parts), a + _MAX_SPAN) + 1)
+                          if "-" in (t := ".".join(parts[a:b]))]
+            else:
+                tokens = [run]
+            for token in tokens:
+                keys = [token]
+                n = len(token)
+                if n > 9 and token[n - 9] == "-" and _HEX8.fullmatch(token, n - 8):
+                    keys.append(token[:n - 9])
+                for key in keys:
+                    found = index.get(key)
+                    if found is None:
+                        index[key] = [i]
+                    elif found[-1] != i:
+                        found.append(i)
 
 
 def is_error_line(line: str) -> bool:

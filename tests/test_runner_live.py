@@ -1,0 +1,62 @@
+"""The runner judges replies while the replay runs, from the server log as far as it is written;
+the complete log has the last word. Real matrix, suite, checks and log file; no server needed."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+from conftest import make_sim_repo
+
+from sweeper.replay import Reply, Request
+from sweeper.runner import _CellBase, _LiveJudge, build_requests
+from sweeper.store import open_run
+from sweeper.sweep import jobs_for, make_plan
+
+FSM = "ERROR 11-29 08:16:41 [backend_xgrammar.py:167] Failed to advance FSM for request chatcmpl-{rid}-94bfdfc6 for tokens 7."
+
+
+CONTENT = {"invoice": '{"customer": "Dana", "items": []}', "event": '{"title": "Offsite", "attendees": []}'}
+
+
+def reply_for(req: Request) -> Reply:
+    body = {"id": f"chatcmpl-{req.request_id}", "object": "chat.completion",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": CONTENT[req.case_id]}}],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 12}}
+    return Reply(req, 200, body, None, 0.01, None, datetime.now(UTC))
+
+
+def test_a_log_line_written_after_the_reply_changes_the_verdict(tmp_path: Path, tiny_suite: Path) -> None:
+    repo = tmp_path / "vllm"
+    make_sim_repo(repo, [("good", {})])
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(f"name: t\nmodel: m\nsuite: {tiny_suite}\ninstall: {{kind: sim, repo: {repo}}}\n"
+                      "axes: {commit: [good], spec_method: [mtp], num_speculative_tokens: [2]}\n")
+    runs = tmp_path / "runs"
+    plan = make_plan(matrix, runs)
+    run = open_run(runs, "r", create=True)
+    (job,) = jobs_for(plan, run, tmp_path / "cache")
+    cells = list(job.group.cells)
+    requests = build_requests(job, cells)
+    first, second = requests[0][2], requests[1][2]
+    log = tmp_path / "server.log"
+    log.write_text("".join(f"INFO 11-29 08:16:40 [async_llm.py:351] Added request chatcmpl-{req.request_id}.\n"
+                           for _, _, req in requests))
+    replies = [reply_for(req) for _, _, req in requests]
+    with _LiveJudge(_CellBase(job, cells), requests, log) as live:
+        for reply in replies:
+            live.on_reply(reply)
+        judged_live = {rid: sample for rid, (sample, _) in live.judged.items()}
+        assert all(s["passed"] for s in judged_live.values())
+        # The engine reports the first request's FSM failure only after its answer went out; a
+        # partial last line is no line yet.
+        with log.open("a") as f:
+            f.write(FSM.format(rid=first.request_id) + "\n" + "INFO 11-29 08:16:42 [x.py:1] partial")
+        samples = live.finish(replies, log.read_text())
+    assert not samples[first.request_id]["passed"]
+    assert samples[first.request_id]["failed_checks"] == ["log_absent"]
+    assert "Failed to advance FSM" in samples[first.request_id]["log_errors"][0]
+    # A request whose lines did not change keeps the verdict reached during the replay.
+    assert samples[second.request_id] is judged_live[second.request_id]
+    assert len(samples) == len(requests)
