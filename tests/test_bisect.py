@@ -213,3 +213,12 @@ def test_bad_input() -> None:
         search.next_probes(0)
     assert Observation("c1", skip_reason="install_failed") in search.observations
     assert Direction.FIX.value == "fix"
+
+
+def test_change_density_sums_the_gap_probabilities_over_the_range() -> None:
+    report = drive(Search(commits(64)), lambda i: {"a": 1.0 if i >= 40 else 0.0}, k=2)
+    (mode,) = report.modes
+    density = mode.change_density(65)
+    assert len(density) == 65 and density[0] == 0.0
+    assert density[40] == pytest.approx(report.changes[0].confidence)
+    assert sum(density) == pytest.approx(sum(p for _, _, p in mode.gaps))

@@ -20,6 +20,7 @@
     rounds, server_starts, reused_samples, gpu_seconds   for the whole bisect
     CHANGE  {mode, direction: "regression" | "fix", commit: COMMIT, candidates: [COMMIT],
              confidence, located, found, before: RATE, after: RATE, last_before: sha,
+             posterior: [P(the mode's rate changes at commit j) for j = 0..N],
              fixed_by: sha | null (a regression undone later in the range),
              fixes: sha | null (the regression a fix undoes)}
     COMMIT  {sha, short, subject, pr, date}
@@ -86,6 +87,7 @@ def describe(reports: Sequence[BisectReport], targets: Sequence[Target], repo: P
     by_commit: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for target, rep in zip(targets, reports, strict=True):
         changes = sorted(rep.changes, key=lambda c: (position[c.commit], c.mode))
+        density = {m.mode: [round(p, 5) for p in m.change_density(len(commits))] for m in rep.modes}
         pairs = _pairs(changes)
         change_rows: list[dict[str, Any]] = []
         for i, c in enumerate(changes):
@@ -94,7 +96,7 @@ def describe(reports: Sequence[BisectReport], targets: Sequence[Target], repo: P
                    [info(c.candidates[0]), info(c.candidates[-1])],
                    "n_candidates": len(c.candidates), "confidence": c.confidence, "located": c.located,
                    "found": c.found, "before": _rate(c.before), "after": _rate(c.after), "last_before": c.last_before,
-                   "fixed_by": pairs[i][0], "fixes": pairs[i][1]}
+                   "fixed_by": pairs[i][0], "fixes": pairs[i][1], "posterior": density[c.mode]}
             change_rows.append(row)
             if c.found:
                 by_commit[c.commit].append({"mode": c.mode, "direction": c.direction.value,

@@ -126,6 +126,16 @@ class ModeReport:
     rho: float  # learned per-start intra-class correlation
     fails_at_bad: bool  # credibly: the segment at `bad` has a rate above 0
     fails_at_good: bool
+    gaps: tuple[tuple[int, int, float], ...] = ()  # (probed index, next probed index, P(change between))
+
+    def change_density(self, n_commits: int) -> list[float]:
+        """P(the rate changes at commit j) for every j: each gap's probability spread evenly over
+        its commits, as the model's prior places a change within a gap."""
+        out = [0.0] * n_commits
+        for lo, hi, p in self.gaps:
+            for j in range(lo + 1, hi + 1):
+                out[j] += p / (hi - lo)
+        return out
 
     @property
     def started(self) -> Change | None:
@@ -477,5 +487,6 @@ class Search:
         good, bad = post.segments[0], post.segments[-1]
         fails_good = pts[0] == 0 and good.failures > 0 and good.low > 0
         fails_bad = pts[-1] == len(self.commits) - 1 and bad.failures > 0 and bad.low > 0
+        gaps = tuple((pts[a], pts[a + 1], float(p)) for a, p in enumerate(post.gap_change))
         return ModeReport(mode, tuple(changes), Rate.of(good), Rate.of(bad), post.no_change, post.rho,
-                          fails_bad, fails_good)
+                          fails_bad, fails_good, gaps)
