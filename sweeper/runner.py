@@ -36,6 +36,10 @@ from sweeper.vllm.logs import LogIndex
 CONTENT_TAIL_CHARS = 200
 # Env the sweeper's own process carries that must not leak into a server (Ray's, the driver's).
 _DROP_ENV = re.compile(r"^(RAY_|PYTEST_|COV_)")
+# A server whose engine died answers 500 and exits a moment later (vLLM's API server shuts down
+# once its engine core is gone). A replay that ends on such an answer can finish inside that
+# moment: before calling the server alive, give it this long to exit.
+CRASH_GRACE_S = 2.0
 
 
 class Status:
@@ -76,6 +80,20 @@ class GroupResult:
     @property
     def status(self) -> str:
         return next(iter(self.statuses.values()), Status.OK)
+
+
+def _ends_in_server_errors(replies: Sequence[Reply]) -> bool:
+    last = replies[-1] if replies else None
+    return last is not None and not last.timed_out and (last.http_status is None or last.http_status >= 500)
+
+
+def _exits_within(server: ServerProcess, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while server.alive():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def server_env(extra: Mapping[str, str]) -> dict[str, str]:
@@ -142,6 +160,8 @@ def run_group(job: GroupJob) -> GroupResult:
                                  concurrency=job.spec.concurrency, timeout_s=job.spec.timeouts.request_s,
                                  alive=server.alive, on_reply=live.on_reply)
             alive_after = server.alive()
+            if alive_after and _ends_in_server_errors(outcome.replies):
+                alive_after = not _exits_within(server, CRASH_GRACE_S)
             after = metrics.scrape(server.base_url, api_key) if alive_after else None
             log_text = server.log_text()
             timings["replay"] = time.monotonic() - t_replay

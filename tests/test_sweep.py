@@ -192,3 +192,25 @@ def run_notebook(path: Path, run_dir: Path) -> None:
     finally:
         os.environ.pop("SWEEP_RUN", None)
     assert (run_dir / "heatmap.png").stat().st_size > 1000
+
+
+def test_a_crash_on_the_last_request_is_a_crash(tmp_path: Path, tiny_suite: Path) -> None:
+    """The server answers the last request with a 500 and exits just after: the replay is over by
+    then, and the group is still a crash, not a run with a few server errors."""
+    from sweeper.runner import run_group
+    from sweeper.store import open_run
+    from sweeper.sweep import jobs_for, make_plan
+
+    repo = tmp_path / "vllm"
+    make_sim_repo(repo, [("crash-last", {"bugs": [{"effect": "crash", "after_requests": 5}]})])
+    path = tmp_path / "m.yaml"
+    path.write_text(f"name: t\nmodel: m\nsuite: {tiny_suite}\ninstall: {{kind: sim, repo: {repo}}}\nconcurrency: 1\n"
+                    "timeouts: {startup_s: 30, request_s: 10}\naxes: {commit: [crash-last], spec_method: [none]}\n")
+    runs = tmp_path / "runs"
+    run = open_run(runs, "r", create=True)
+    (job,) = jobs_for(make_plan(path, runs), run, tmp_path / "cache")
+    result = run_group(job)
+    cells = result.cells.to_pylist()
+    assert [c["status"] for c in cells] == ["crashed"]
+    assert result.samples.num_rows == 6 and result.samples.column("http_status").to_pylist()[-1] == 500
+    assert server_groups_alive(run) == []
