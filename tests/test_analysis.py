@@ -118,3 +118,33 @@ def test_a_run_without_samples(tmp_path: Path) -> None:
     run.write_manifest({"run_id": "empty"})
     assert analysis.load_samples(run).empty
     assert analysis.failure_counts(run, ["commit"]).empty
+
+
+def test_counts_stay_right_when_a_cell_is_written_twice_or_has_no_row(tmp_path: Path) -> None:
+    """Per-cell counting needs one cell row per cell: a cell stored twice (two probes of one
+    cell) or samples without a row fall back to reading each sample's own axes."""
+    run = write_run(tmp_path)
+    first = analysis.load_table(run, "samples").slice(0, 5).to_pylist()
+    cell = analysis.load_table(run, "cells").slice(0, 1).to_pylist()
+    again = [{**s, "group_id": "again", "request_id": s["request_id"] + "-again", "passed": False} for s in first]
+    run.write_group("again", table(again, SAMPLE_SCHEMA), table([{**cell[0], "group_id": "again"}], CELL_SCHEMA))
+    samples = analysis.load_samples(run)
+    for by in (["commit", "request.temperature"], ["serve.--strict"]):
+        assert by_key(analysis.failure_counts(run, by), by) == by_key(samples, by)
+    other = write_run(tmp_path / "other")
+    orphan = [{**s, "cell_id": "no-row", "request_id": s["request_id"] + "-orphan"} for s in first]
+    other.write_group("orphan", table(orphan, SAMPLE_SCHEMA), table([], CELL_SCHEMA))
+    samples = analysis.load_samples(other)
+    assert by_key(analysis.failure_counts(other, ["commit"]), ["commit"]) == by_key(samples, ["commit"])
+
+
+def by_key(df: pd.DataFrame, by: list[str]) -> dict[tuple[str, ...], tuple[int, int]]:
+    """(n, n_failed) per combination of `by` (values by repr), from counts or from samples."""
+    keys = df[by].map(repr).apply(tuple, axis=1)
+    if "n" in df.columns:
+        return {k: (int(n), int(f)) for k, n, f in zip(keys, df["n"], df["n_failed"], strict=True)}
+    out: dict[tuple[str, ...], tuple[int, int]] = {}
+    for k, passed in zip(keys, df["passed"], strict=True):
+        n, f = out.get(k, (0, 0))
+        out[k] = (n + 1, f + (not passed))
+    return out
