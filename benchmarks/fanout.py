@@ -13,6 +13,9 @@ from the outside (the cluster's methods are wrapped, nothing in the product chan
   the run's wall time: planning, Ray start, worker warm-up, shutdown.
 * P2 = servers that started (each `Started server process` line in the run's server logs) ÷
   distinct server keys among the cells.
+
+`--cold` alternates runs with and without the worker warm-up (`Cluster.warm` replaced by a no-op
+for the "cold" runs), to show what the warm-up moves from the makespan into the fixed overhead.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import yaml
 from sweeper import analysis, cluster, sweep
 
 ROOT = Path(__file__).parent.parent
+REAL_WARM = cluster.Cluster.warm
 
 
 def matrix(tmp: Path) -> Path:
@@ -79,9 +83,10 @@ class Clock:
         sweep.Cluster = Timed  # type: ignore[misc]
 
 
-def one(path: Path, runs: Path, cache: Path, slots: int, run_id: str) -> dict[str, float]:
+def one(path: Path, runs: Path, cache: Path, slots: int, run_id: str, warm: bool) -> dict[str, float]:
     clock = Clock()
     clock.install()
+    cluster.Cluster.warm = REAL_WARM if warm else (lambda self, gpus_per_cell: None)  # type: ignore[method-assign]
     work: list[float] = []
     t0 = time.monotonic()
     outcome = sweep.run_matrix(path, runs_dir=runs, run_id=run_id, gpus=slots, cache_dir=cache,
@@ -93,7 +98,7 @@ def one(path: Path, runs: Path, cache: Path, slots: int, run_id: str) -> dict[st
     cells = analysis.load_cells(outcome.run)
     started = sum(len(re.findall(r"Started server process \[\d+\]", p.read_text()))
                   for p in (outcome.run.root / "logs").glob("*.log"))
-    return {"cells": len(cells), "keys": cells["server_key"].nunique(), "groups": len(work), "started": started,
+    return {"warmed": warm, "cells": len(cells), "keys": cells["server_key"].nunique(), "groups": len(work), "started": started,
             "total": total, "makespan": makespan, "bound": bound, "sum_work": sum(work), "longest": max(work),
             "p1": makespan / bound, "p1_total": total / bound, "overhead": total - makespan,
             "plan": m["enter"] - t0, "init": clock.cluster_timings.get("init", 0.0),
@@ -105,27 +110,34 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--cold", action="store_true", help="alternate runs without the worker warm-up")
     args = ap.parse_args()
     load_before = os.getloadavg()[0]
     tmp = Path(tempfile.mkdtemp(prefix="sweep-fanout-"))
     try:
         path, runs, cache = matrix(tmp), tmp / "runs", tmp / "cache"
         sweep.make_plan(path, runs)  # makes the simulated history once, outside the timing
-        rows = [one(path, runs, cache, args.slots, f"r{i}") for i in range(args.runs)]
+        rows = [one(path, runs, cache, args.slots, f"r{i}", warm=not (args.cold and i % 2))
+                for i in range(args.runs)]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     r = rows[0]
     print(f"{r['cells']} cells, {r['keys']} server keys, {args.slots} slots, {len(rows)} runs "
           f"(1-minute load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after)\n")
-    print("| run | makespan | Σ work / slots | longest group | P1 makespan ÷ bound | whole run ÷ bound | "
+    print("| run | workers | makespan | Σ work / slots | longest group | P1 makespan ÷ bound | whole run ÷ bound | "
           "fixed overhead (plan + Ray start + warm-up + shutdown) | P2 servers started ÷ keys |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for i, r in enumerate(rows, 1):
-        print(f"| {i} | {r['makespan']:.1f} s | {r['sum_work'] / args.slots:.1f} s | {r['longest']:.1f} s | "
+        print(f"| {i} | {'warmed up' if r['warmed'] else 'cold'} | {r['makespan']:.1f} s | {r['sum_work'] / args.slots:.1f} s | {r['longest']:.1f} s | "
               f"{r['p1']:.2f} | {r['p1_total']:.2f} | {r['overhead']:.1f} s ({r['plan']:.1f} + {r['init']:.1f} + "
               f"{r['warm']:.1f} + {r['shutdown']:.1f}) | {r['started']}/{r['keys']} = {r['started'] / r['keys']:.2f} |")
-    print(f"\nmedian P1 {statistics.median(r['p1'] for r in rows):.2f}, "
-          f"median fixed overhead {statistics.median(r['overhead'] for r in rows):.1f} s")
+    for warm in (True, False):
+        some = [r for r in rows if r["warmed"] == warm]
+        if some:
+            print(f"\n{'warmed up' if warm else 'cold'}: median P1 {statistics.median(r['p1'] for r in some):.2f}, "
+                  f"whole run {statistics.median(r['total'] for r in some):.1f} s, "
+                  f"fixed overhead {statistics.median(r['overhead'] for r in some):.1f} s", end="")
+    print()
 
 
 if __name__ == "__main__":
