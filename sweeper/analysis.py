@@ -10,7 +10,7 @@ bring only the aggregate into pandas.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -92,17 +92,6 @@ def axis_names(tbl: pa.Table) -> list[str]:
     return [k for k in pa.chunked_array(keys).unique().to_pylist() if k is not None]
 
 
-def axis_arrays(tbl: pa.Table, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
-    """One decoded object array per axis of the `axes` map column (None where a row lacks it)."""
-    names = axis_names(tbl) if names is None else list(names)
-    column = tbl.column("axes")
-    out = {}
-    for name in names:
-        chunks = [pc.map_lookup(chunk, pa.scalar(name, pa.string()), "first") for chunk in column.chunks]
-        out[name] = _decoded(pa.chunked_array(chunks, type=pa.string()))
-    return out
-
-
 def with_axes(df: pd.DataFrame) -> pd.DataFrame:
     """Add one column per axis from the `axes` map (values decoded from JSON, once per distinct value)."""
     if "axes" not in df.columns or df.empty:
@@ -120,13 +109,30 @@ def with_axes(df: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([df, pd.DataFrame(new, index=df.index)], axis=1) if new else df
 
 
+def _axis_series(values: pa.ChunkedArray) -> pd.Series:
+    """An axis column as pandas would infer it from its decoded values (0 and 0.5 make a float
+    column, "0"/"1" a string one), inferred from the distinct values and then taken per row."""
+    values = values.combine_chunks() if values.num_chunks else pa.array([], pa.string())
+    encoded = values.dictionary_encode()
+    distinct = [_decode(v) for v in encoded.dictionary.to_pylist()]
+    if encoded.indices.null_count:
+        distinct.append(None)
+    small = pd.Series(distinct) if distinct else pd.Series([], dtype=object)
+    indices = encoded.indices.fill_null(len(encoded.dictionary)).to_numpy(zero_copy_only=False)
+    return small.take(indices).reset_index(drop=True)
+
+
 def _frame(tbl: pa.Table) -> pd.DataFrame:
-    arrays = axis_arrays(tbl) if "axes" in tbl.column_names else {}
+    names = axis_names(tbl) if "axes" in tbl.column_names else []
+    new = {}
+    for name in names:
+        if name not in tbl.column_names:
+            looked = [pc.map_lookup(c, pa.scalar(name, pa.string()), "first") for c in tbl.column("axes").chunks]
+            new[name] = _axis_series(pa.chunked_array(looked, type=pa.string()))
     df = tbl.to_pandas(self_destruct=True, split_blocks=True)
-    # Lists, not object arrays: pandas then infers each axis' dtype as it always has (0 and 0.5 make
-    # a float column, "0"/"1" a string one).
-    new = {name: values.tolist() for name, values in arrays.items() if name not in df.columns}
-    return pd.concat([df, pd.DataFrame(new, index=df.index)], axis=1) if new else df
+    for series in new.values():
+        series.index = df.index
+    return pd.concat([df, pd.DataFrame(new)], axis=1) if new else df
 
 
 def load_samples(run: RunDir, columns: Sequence[str] | None = None,

@@ -33,7 +33,8 @@ def write_run(root: Path, per_cell: int = 7, seed: int = 0) -> RunDir:
         samples, cells = [], []
         for temperature, strict in itertools.product(TEMPERATURE, STRICT):
             values = {"commit": commit, "spec_method": spec, "num_speculative_tokens": nst,
-                      "env.VLLM_USE_V2_MODEL_RUNNER": runner, "request.temperature": temperature}
+                      "env.VLLM_USE_V2_MODEL_RUNNER": runner, "request.temperature": temperature,
+                      "serve.--max-num-seqs": 8}
             if strict is not None:
                 values["serve.--strict"] = strict
             cell_id = f"{group}-{temperature}-{strict}"
@@ -58,6 +59,7 @@ def test_axes_become_typed_columns_and_projection_and_filters_reach_the_reader(t
     assert set(samples["env.VLLM_USE_V2_MODEL_RUNNER"]) == {"0", "1"}  # strings stay strings
     assert set(samples["request.temperature"]) == {0, 0.5}
     assert samples["request.temperature"].dtype == "float64"  # as pandas infers it from the values
+    assert samples["serve.--max-num-seqs"].dtype == "int64" and set(samples["serve.--max-num-seqs"]) == {8}
     assert set(samples["serve.--strict"].map(repr)) == {"True", "None"}  # absent where the cell lacks it
     # The legacy path (any frame with an `axes` column) gives the same columns.
     legacy = analysis.with_axes(analysis.load_table(run, "samples").to_pandas())
@@ -68,7 +70,8 @@ def test_axes_become_typed_columns_and_projection_and_filters_reach_the_reader(t
     few = analysis.load_samples(run, columns=["cell_id", "passed", "axes"], filter=pc.field("cell_id") == one)
     assert set(few["cell_id"]) == {one} and len(few) == 7
     assert set(few.columns) == {"cell_id", "passed", "axes", "commit", "spec_method", "num_speculative_tokens",
-                                "env.VLLM_USE_V2_MODEL_RUNNER", "request.temperature", "serve.--strict"}
+                                "env.VLLM_USE_V2_MODEL_RUNNER", "request.temperature", "serve.--strict",
+                                "serve.--max-num-seqs"}
     assert list(analysis.load_samples(run, columns=["passed"]).columns) == ["passed"]
     with pytest.raises(SweepError, match="no column 'nope'"):
         analysis.load_samples(run, columns=["nope"])
