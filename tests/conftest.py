@@ -17,6 +17,31 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 os.environ.pop("RAY_ADDRESS", None)
 
+# Every environment the tests build goes to one temp folder of this session, never the user's cache:
+# set before any Ray worker or subprocess starts, so they all inherit it.
+_CACHE_ROOT = Path(tempfile.mkdtemp(prefix="sweep-test-cache-"))
+os.environ["SWEEP_CACHE"] = str(_CACHE_ROOT / "envs")
+_USER_CACHE = Path.home() / ".cache" / "sweep"
+
+
+def _listing(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")} if root.is_dir() else set()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_BEFORE] = _listing(_USER_CACHE)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(_CACHE_ROOT, ignore_errors=True)
+    new = sorted(_listing(_USER_CACHE) - session.config.stash.get(_BEFORE, set()))
+    if new:
+        # A test that writes outside its temp folders fails the run, however green it was.
+        print(f"\nerror: the tests wrote into {_USER_CACHE}: {', '.join(new[:5])}"
+              f"{' ...' if len(new) > 5 else ''}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+_BEFORE = pytest.StashKey[set[str]]()
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
 FAST = {"startup_s": 0.1, "token_latency_s": 0.0002}
 
