@@ -15,8 +15,9 @@ def z_for(confidence: float) -> float:
     return NormalDist().inv_cdf(0.5 + confidence / 2.0)
 
 
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval for k failures in n samples; (0, 1) when n == 0."""
+def wilson(k: float, n: float, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval for k failures in n samples; (0, 1) when n == 0. Real-valued counts
+    are allowed: effective sample sizes of correlated samples."""
     if n < 0 or k < 0 or k > n:
         raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
     if n == 0:
@@ -24,7 +25,7 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     p = k / n
     z2 = z * z
     centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    half = z * math.sqrt(max(0.0, p * (1 - p) / n + z2 / (4 * n * n))) / (1 + z2 / n)
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 

@@ -12,9 +12,9 @@ from sweeper.bisect.search import (
     ModeReport,
     Observation,
     ProbeRequest,
-    Rate,
     Search,
 )
+from sweeper.bisect.segments import Rate
 
 __all__ = ["BadEndpoint", "BisectReport", "Change", "Direction", "ModeReport", "Observation", "ProbeRequest",
            "Rate", "Search"]

@@ -307,16 +307,19 @@ class Bisector:
         write_atomic(table(rows, PROBE_SCHEMA), self.run.root / "probes" / f"{name}.parquet")
 
     def drive(self, cluster: Cluster, slots: int) -> list[BisectReport]:
+        """Rounds until no search wants a probe; the state after each round goes to bisect.json."""
+        first = self.round
         while True:
             searches = self.searches()
+            reports = [s.result() for s in searches]
+            if self.round > first:
+                self.save_state(reports, final=False)
             plan = self.plan_round(searches, slots)
             if not plan:
-                return [s.result() for s in searches]
+                return reports
             self.probe(cluster, plan)
-            self.save_state(final=False)
 
-    def save_state(self, *, final: bool) -> dict[str, Any]:
-        reports = [s.result() for s in self.searches()]
+    def save_state(self, reports: list[BisectReport], *, final: bool) -> dict[str, Any]:
         summary = describe(reports, self.targets, self.repo, self.commits)
         summary.update({"run_id": self.run.run_id, "final": final, "rounds": self.round, "server_starts": self.probe_no,
                         "reused_samples": self.reused_samples(), "gpu_seconds": self.gpu_seconds,
@@ -500,7 +503,7 @@ def bisect_cells(*, matrix: Matrix, cells: list[Cell], suite: Suite, good: str, 
                 commits = gitrepo.first_parent_range(repo_path, older, bad_sha)
     finally:
         kill_leftovers(run.logs)
-    summary = b.save_state(final=True)
+    summary = b.save_state(reports, final=True)
     return BisectOutcome(run, reports, b.targets, summary)
 
 

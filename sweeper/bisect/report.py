@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sweeper import gitrepo
-from sweeper.bisect.search import BadEndpoint, BisectReport, Change, Direction, Rate
+from sweeper.bisect.search import BadEndpoint, BisectReport, Change, Direction
+from sweeper.bisect.segments import Rate
 
 if TYPE_CHECKING:
     from sweeper.bisect.driver import Target
@@ -46,7 +47,7 @@ SCHEMA = "sweep-bisect/2"
 
 
 def _rate(r: Rate) -> dict[str, Any]:
-    return dataclasses.asdict(r)
+    return {f.name: getattr(r, f.name) for f in dataclasses.fields(Rate)}
 
 
 class _Commits:

@@ -42,11 +42,12 @@ not): its mode, direction, candidates, rates before and after, and its own confi
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from sweeper.bisect.segments import ModePosterior, Prior, Segment, Start, posterior
+from sweeper.bisect.segments import ModePosterior, Prior, Rate, Start, posterior
 from sweeper.errors import BisectError
 from sweeper.stats import samples_to_decide
 
@@ -83,20 +84,6 @@ class Observation:
     failures: Mapping[str, int] = field(default_factory=dict)
     skip_reason: str | None = None
     round: int = 0
-
-
-@dataclass(frozen=True)
-class Rate:
-    failures: int
-    samples: int
-    starts: int
-    rate: float
-    low: float
-    high: float
-
-    @classmethod
-    def of(cls, seg: Segment) -> Rate:
-        return cls(seg.failures, seg.samples, seg.starts, seg.rate, seg.low, seg.high)
 
 
 @dataclass(frozen=True)
@@ -203,6 +190,9 @@ class Search:
         self.prior = prior or Prior.default()
         self._index = {c: i for i, c in enumerate(self.commits)}
         self._probes: list[_Probe] = []
+        # Per commit index: server starts and samples so far (asked for in every planning loop).
+        self._n_starts: Counter[int] = Counter()
+        self._n_samples: Counter[int] = Counter()
         self._skipped: dict[int, str] = {}
         self._in_flight: set[int] = set()
         self._observations: list[Observation] = []
@@ -250,6 +240,8 @@ class Search:
         if samples == 0:
             return
         self._probes.append(_Probe(i, samples, fails))
+        self._n_starts[i] += 1
+        self._n_samples[i] += samples
         self._observations.append(Observation(commit, samples, dict(fails), None, self.rounds))
         self._cache.clear()
 
@@ -280,10 +272,10 @@ class Search:
         return sum(p.samples for p in self._probes)
 
     def _starts(self, i: int) -> int:
-        return sum(1 for p in self._probes if p.index == i)
+        return self._n_starts[i]
 
     def _samples_at(self, i: int) -> int:
-        return sum(p.samples for p in self._probes if p.index == i)
+        return self._n_samples[i]
 
     def mode_posterior(self, mode: str) -> ModePosterior:
         if mode not in self._cache:
@@ -481,12 +473,12 @@ class Search:
             inside = [j for j in range(lo + 1, hi) if j not in self._skipped]
             direction = Direction.REGRESSION if after.rate > before.rate else Direction.FIX
             changes.append(Change(mode, direction, self.commits[hi], self.commits[lo + 1: hi + 1], float(p),
-                                  not inside, Rate.of(before), Rate.of(after), self.commits[lo],
+                                  not inside, before, after, self.commits[lo],
                                   not inside and p >= self.confidence
                                   and self._two_starts_each(lo, hi, post.rho)))
         good, bad = post.segments[0], post.segments[-1]
         fails_good = pts[0] == 0 and good.failures > 0 and good.low > 0
         fails_bad = pts[-1] == len(self.commits) - 1 and bad.failures > 0 and bad.low > 0
         gaps = tuple((pts[a], pts[a + 1], float(p)) for a, p in enumerate(post.gap_change))
-        return ModeReport(mode, tuple(changes), Rate.of(good), Rate.of(bad), post.no_change, post.rho,
+        return ModeReport(mode, tuple(changes), good, bad, post.no_change, post.rho,
                           fails_bad, fails_good, gaps)

@@ -34,6 +34,8 @@ import numpy as np
 import numpy.typing as npt
 from scipy.special import betaln
 
+from sweeper.stats import wilson
+
 FloatArray = npt.NDArray[np.float64]
 
 _LOG_ZERO = -1.0e6  # log(0) that keeps 0 * log(0) finite in vectorised sums
@@ -86,17 +88,23 @@ class Start:
 
 
 @dataclass(frozen=True)
-class Segment:
-    """A run of points between likely change points, with its pooled rate."""
+class Rate:
+    """Pooled failures of some starts, and the rate they show."""
 
-    first: int  # commit index of its first and last point
-    last: int
     failures: int
     samples: int
     starts: int
     rate: float  # pooled failures / samples
     low: float  # 95 % interval (Wilson, on the effective sample size given the learned rho)
     high: float
+
+
+@dataclass(frozen=True)
+class Segment(Rate):
+    """A run of points between likely change points, with its pooled rate."""
+
+    first: int  # commit index of its first and last point
+    last: int
 
 
 @dataclass(frozen=True)
@@ -217,17 +225,6 @@ def _segments(points: list[int], gap_change: FloatArray, starts: Sequence[Start]
         # Samples of one start are correlated: the interval uses the effective sample size.
         per_start = n / max(1, len(mine))
         n_eff = n / (1 + max(0.0, per_start - 1) * rho) if n else 0.0
-        low, high = wilson(k * n_eff / n if n else 0.0, n_eff)
-        out.append(Segment(first, last, k, n, len(mine), k / n if n else 0.0, low, high))
+        low, high = wilson(min(n_eff, k * n_eff / n) if n else 0.0, n_eff)
+        out.append(Segment(k, n, len(mine), k / n if n else 0.0, low, high, first, last))
     return tuple(out)
-
-
-def wilson(k: float, n: float, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval; real-valued counts allowed (effective sample sizes)."""
-    if n <= 0:
-        return (0.0, 1.0)
-    p = k / n
-    z2 = z * z
-    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = z * math.sqrt(max(0.0, p * (1 - p) / n + z2 / (4 * n * n))) / (1 + z2 / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
