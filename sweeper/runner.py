@@ -31,6 +31,7 @@ from sweeper.server import ServerProcess, free_port, new_api_key, tail
 from sweeper.stats import wilson
 from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, table
 from sweeper.suite import Suite, expand
+from sweeper.vllm import crash
 from sweeper.vllm.logs import LogIndex
 
 CONTENT_TAIL_CHARS = 200
@@ -39,7 +40,7 @@ _DROP_ENV = re.compile(r"^(RAY_|PYTEST_|COV_)")
 # A server whose engine died answers 500 and exits a moment later (vLLM's API server shuts down
 # once its engine core is gone). A replay that ends on such an answer can finish inside that
 # moment: before calling the server alive, give it this long to exit.
-CRASH_GRACE_S = 2.0
+CRASH_GRACE_S = 5.0
 
 
 class Status:
@@ -96,6 +97,13 @@ def _exits_within(server: ServerProcess, seconds: float) -> bool:
     return True
 
 
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
 def server_env(extra: Mapping[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not _DROP_ENV.match(k)}
     env.update(extra)
@@ -134,6 +142,7 @@ def run_group(job: GroupJob) -> GroupResult:
                                          cache_dir=Path(job.cache_dir) if job.cache_dir else None)
     except (InstallError, SweepError) as exc:
         return base.failed(Status.INSTALL_FAILED, str(exc), "", time.monotonic() - t_start, started=False)
+    words = crash.setting_words(group.head.values, group.head.serve, group.head.env)
     timings = {"install": time.monotonic() - t_start}
     base.version = installed.version
     port, api_key = free_port(), new_api_key()
@@ -160,20 +169,37 @@ def run_group(job: GroupJob) -> GroupResult:
                                  concurrency=job.spec.concurrency, timeout_s=job.spec.timeouts.request_s,
                                  alive=server.alive, on_reply=live.on_reply)
             alive_after = server.alive()
-            if alive_after and _ends_in_server_errors(outcome.replies):
-                alive_after = not _exits_within(server, CRASH_GRACE_S)
-            after = metrics.scrape(server.base_url, api_key) if alive_after else None
             log_text = server.log_text()
+            # The engine can be dead while the API server still runs: the log or the answers say so.
+            died = crash.engine_died(log_text) or any(crash.dead_engine_reply(r.http_status, r.error)
+                                                      for r in outcome.replies)
+            if alive_after and (died or _ends_in_server_errors(outcome.replies)):
+                alive_after = not _exits_within(server, CRASH_GRACE_S)
+                log_text = server.log_text()
+                died = died or crash.engine_died(log_text)
+            after = metrics.scrape(server.base_url, api_key) if alive_after and not died else None
             timings["replay"] = time.monotonic() - t_replay
     except ServerError as exc:
         log = exc.log_tail or tail(log_path)
-        return base.failed(exc.status, str(exc), log, time.monotonic() - t_start, started=True)
+        reason = vllm.failure_reason(_read(log_path) or log)
+        # A refusal that names the cell's settings is the configuration failing (a failure mode);
+        # anything else (a port in use, a full disk) says nothing about it.
+        signature = f"refused: {reason[:300]}" if exc.status == Status.SERVER_FAILED \
+            and crash.refusal_names_settings(reason, words) else None
+        detail = f"{exc}: {reason}" if reason and reason not in str(exc) else str(exc)
+        return base.failed(exc.status, detail, log, time.monotonic() - t_start, started=True,
+                           signature=signature)
     t_post = time.monotonic()
     timings["startup"] = base.startup_s or 0.0
-    status, detail = Status.OK, ""
-    if outcome.aborted == "crashed" or not alive_after:
+    status, detail, signature = Status.OK, "", None
+    if outcome.aborted == "crashed" or not alive_after or died:
         status = Status.CRASHED
-        detail = f"server exited with code {server.returncode} during replay; {outcome.unsent} requests not sent"
+        cause = crash.root_cause(log_text)
+        exited = "the server still ran (stopped by the sweeper)" if alive_after \
+            else f"server exited with code {server.returncode}"
+        detail = (f"engine died: {cause.describe()}; " if cause else "") + \
+            f"{exited} during replay; {outcome.unsent} requests not sent"
+        signature = cause.signature if cause else "engine died (no traceback in the log)"
     elif outcome.aborted == "timeout":
         status = Status.TIMEOUT
         detail = f"requests stopped answering; {outcome.unsent} requests not sent"
@@ -194,7 +220,8 @@ def run_group(job: GroupJob) -> GroupResult:
     duration = time.monotonic() - t_start
     log_tail = tail(log_path) if status != Status.OK else ""
     cell_rows = [base.cell_row(cell, by_cell[cell.cell_id], status=status, detail=detail, log_tail=log_tail,
-                               duration=duration, effective=effective, spec=spec_figures, finger=finger)
+                               duration=duration, effective=effective, spec=spec_figures, finger=finger,
+                               signature=signature)
                  for cell in cells]
     result = GroupResult(group.group_id, table(samples, SAMPLE_SCHEMA), table(cell_rows, CELL_SCHEMA),
                          {c.cell_id: status for c in cells})
@@ -337,7 +364,7 @@ class _CellBase:
 
     def cell_row(self, cell: Cell, samples: Sequence[Mapping[str, Any]], *, status: str, detail: str,
                  log_tail: str, duration: float, effective: Any = None, spec: Mapping[str, Any] | None = None,
-                 finger: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                 finger: Mapping[str, Any] | None = None, signature: str | None = None) -> dict[str, Any]:
         n = len(samples)
         n_failed = sum(not s["passed"] for s in samples)
         low, high = wilson(n_failed, n) if n else (None, None)
@@ -359,7 +386,8 @@ class _CellBase:
         spec = spec or {}
         finger = finger or {}
         return {
-            **self.common(cell), "status": status, "status_detail": detail, "log_tail": log_tail,
+            **self.common(cell), "status": status, "status_detail": detail, "failure_signature": signature,
+            "log_tail": log_tail,
             "n_samples": n, "n_failed": n_failed, "failure_rate": (n_failed / n) if n else None,
             "ci_low": low, "ci_high": high, "failed_checks": list(failed_checks.items()),
             "startup_s": self.startup_s, "duration_s": duration,
@@ -378,8 +406,10 @@ class _CellBase:
             "latency_p50_s": statistics.median(latencies) if latencies else None,
         }
 
-    def failed(self, status: str, detail: str, log_tail: str, duration: float, *, started: bool) -> GroupResult:
-        rows = [self.cell_row(c, [], status=status, detail=detail, log_tail=log_tail, duration=duration)
+    def failed(self, status: str, detail: str, log_tail: str, duration: float, *, started: bool,
+               signature: str | None = None) -> GroupResult:
+        rows = [self.cell_row(c, [], status=status, detail=detail, log_tail=log_tail, duration=duration,
+                              signature=signature)
                 for c in self.cells]
         for row in rows:
             row["server_starts"] = int(started)

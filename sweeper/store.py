@@ -77,6 +77,10 @@ CELL_SCHEMA = pa.schema([
     pa.field("suite_digest", pa.string()),
     pa.field("status", pa.string()),
     pa.field("status_detail", pa.string()),
+    # What a crash or a refused start says about the settings (`sweeper.vllm.crash`): a crash's
+    # exception type + innermost vLLM frame, or `refused: <vLLM's reason>` when the refusal names a
+    # setting; null when the cell ran, or when a start failure says nothing about the settings.
+    pa.field("failure_signature", pa.string()),
     pa.field("log_tail", pa.string()),
     pa.field("n_samples", pa.int32()),
     pa.field("n_failed", pa.int32()),

@@ -191,7 +191,8 @@ def test_an_engine_crash_under_the_cells_settings_is_a_change_not_a_skip(tmp_pat
                                                                          tiny_suite: Path) -> None:
     from conftest import make_sim_repo
 
-    crash = {"id": "engine-dead", "effect": "crash", "when": {"spec_method": ["mtp"]}, "after_requests": 2}
+    crash = {"id": "engine-dead", "effect": "crash", "when": {"spec_method": ["mtp"]}, "after_requests": 2,
+             "message": "TypeError: Cannot inspect kernel parameters for function"}
     shas = make_sim_repo(tmp_path / "vllm", [("v0.27.0" if i == 0 else f"c{i}", {"bugs": [crash] if i >= 5 else []})
                                              for i in range(9)])
     (tmp_path / "m.yaml").write_text(f"""
@@ -211,6 +212,7 @@ axes:
     assert cell["skipped"] == []
     (change,) = [c for c in cell["changes"] if c["found"]]
     assert change["commit"]["sha"] == shas["c5"] and change["direction"] == "regression"
-    assert change["mode"] == "http_ok"
+    # The crash is its own mode, named by its root cause: exception type + innermost vLLM frame.
+    assert change["mode"] == "crash: TypeError in vllm/v1/sample/rejection_sampler.py:rejection_sample"
     probes = analysis.load_table(outcome.run, "probes").to_pylist()
     assert {p["status"] for p in probes if p["position"] >= 5} == {"crashed"}

@@ -213,4 +213,36 @@ def test_a_crash_on_the_last_request_is_a_crash(tmp_path: Path, tiny_suite: Path
     cells = result.cells.to_pylist()
     assert [c["status"] for c in cells] == ["crashed"]
     assert result.samples.num_rows == 6 and result.samples.column("http_status").to_pylist()[-1] == 500
+    # The root cause from the log, not only "exited with code 1".
+    assert cells[0]["status_detail"].startswith("engine died: RuntimeError: CUDA error: an illegal memory access")
+    assert cells[0]["failure_signature"] == "RuntimeError in vllm/v1/worker/gpu_model_runner.py:execute_model"
+    assert server_groups_alive(run) == []
+
+
+def test_an_engine_that_died_is_a_crash_while_the_server_still_runs(tmp_path: Path, tiny_suite: Path) -> None:
+    """vLLM's API server outlives its engine for a while (it answers 500 to everything, then shuts
+    down): the log and the answers say the engine died, whether the process has exited yet or not."""
+    from sweeper.runner import run_group
+    from sweeper.store import open_run
+    from sweeper.sweep import jobs_for, make_plan
+
+    repo = tmp_path / "vllm"
+    bug = {"effect": "crash", "after_requests": 1, "exit_after_s": 120, "when": {"spec_method": ["ngram"]},
+           "message": "TypeError: Cannot inspect kernel parameters for function"}
+    make_sim_repo(repo, [("c", {"bugs": [bug]})])
+    path = tmp_path / "m.yaml"
+    path.write_text(f"name: t\nmodel: m\nsuite: {tiny_suite}\ninstall: {{kind: sim, repo: {repo}}}\nconcurrency: 1\n"
+                    "timeouts: {startup_s: 30, request_s: 10}\n"
+                    "axes: {commit: [c], spec_method: [ngram], num_speculative_tokens: [3]}\n")
+    runs = tmp_path / "runs"
+    run = open_run(runs, "r", create=True)
+    (job,) = jobs_for(make_plan(path, runs), run, tmp_path / "cache")
+    result = run_group(job)
+    (cell,) = result.cells.to_pylist()
+    assert cell["status"] == "crashed"
+    assert "TypeError: Cannot inspect kernel parameters for function" in cell["status_detail"]
+    assert "the server still ran" in cell["status_detail"]
+    assert cell["failure_signature"] == "TypeError in vllm/v1/sample/rejection_sampler.py:rejection_sample"
+    codes = result.samples.column("http_status").to_pylist()
+    assert codes[0] == 200 and set(codes[1:]) == {500}
     assert server_groups_alive(run) == []

@@ -7,9 +7,13 @@ most valuable server groups at once (K = GPU slots). One probe = one server star
 requests of every cell it serves; each cell's samples are split into failure modes
 (`sweeper.bisect.modes`) and told to that cell's search.
 
-An install failure, a server that won't start or a hang makes the commit untestable for that cell
-(skipped). A server that crashes while serving the cell's requests is the cell failing: its samples
-count, and their failures form modes of their own (a crash can be the regression searched for). Samples already stored for the same commit + cell settings + suite digest, in
+An install failure, a hang, or a server that won't start for a reason naming none of the cell's
+settings (a port in use, a full disk) makes the commit untestable for that cell (skipped). A server
+that crashes while serving the cell's requests is the cell failing: its samples count, and the
+unanswered ones form the crash's own mode, named by its signature (exception type + innermost vLLM
+frame); a start refused with a reason that names the cell's settings is one failing sample of the
+mode `refused: <reason>` (see `sweeper.vllm.crash`). Samples already stored for the same commit +
+cell settings + suite digest, in
 any run under `runs/`, are used before anything runs, which is also how `--resume` spends no probe
 twice: the searches are rebuilt from what is on disk, in the same order every time.
 """
@@ -36,7 +40,7 @@ from sweeper.cluster import Cluster
 from sweeper.errors import BisectError
 from sweeper.history import History, history_for
 from sweeper.matrix import Cell, Matrix, ServerGroup, canonical, make_cell
-from sweeper.runner import GroupJob, GroupResult, Status
+from sweeper.runner import GroupJob, GroupResult
 from sweeper.server import kill_leftovers
 from sweeper.store import (
     PROBE_SCHEMA,
@@ -51,10 +55,6 @@ from sweeper.store import (
 )
 from sweeper.suite import Suite
 from sweeper.sweep import load_suites, repo_for, spec_with_repo, sweep_gpus
-
-# A server that dies while serving the cell's own requests is the cell failing, not an untestable
-# commit: its samples (answered or not) count, and the failures form their own modes.
-COUNTS_AS_SAMPLES = {Status.OK, Status.CRASHED}
 
 
 @dataclass
@@ -158,20 +158,26 @@ def load_evidence(runs_dir: Path, targets: Sequence[Target], suite: Suite, shas:
     wanted = pa.array(sorted(shas))
     base = (pc.field("suite_digest") == suite.digest) & pc.field("settings_key").isin(keys) \
         & pc.field("commit_sha").isin(wanted)
-    cells = _read(runs_dir, "cells", ["run_id", "group_id", "settings_key", "commit_sha", "status", "status_detail"],
-                  base)
-    for row in cells.to_pylist():
-        if row["status"] not in COUNTS_AS_SAMPLES:
-            by_key[row["settings_key"]].evidence[row["commit_sha"]].skip = f"{row['status']}: {row['status_detail']}"
+    cells = _read(runs_dir, "cells", ["run_id", "group_id", "settings_key", "commit_sha", "status", "status_detail",
+                                      "failure_signature"], base)
     samples = _read(runs_dir, "samples", ["run_id", "group_id", "settings_key", "commit_sha", "case_id",
                                           "failed_checks"], base)
     starts: dict[tuple[str, str, str, str], list[tuple[str, list[str] | None]]] = defaultdict(list)
     for row in samples.to_pylist():
         starts[(row["settings_key"], row["commit_sha"], row["run_id"], row["group_id"])].append(
             (row["case_id"], row["failed_checks"]))
-    for (key, sha, run_id, group_id), rows in sorted(starts.items()):
-        by_key[key].evidence[sha].starts.append(
-            StartRecord((run_id, group_id), fm.label_sets(rows, labels), run_id != this_run))
+    started: dict[tuple[str, str, str, str], tuple[str, str | None, str]] = {}
+    for row in cells.to_pylist():
+        key = (row["settings_key"], row["commit_sha"], row["run_id"], row["group_id"])
+        started[key] = (row["status"], row["failure_signature"], row["status_detail"] or "")
+    for key in sorted(started):
+        status, signature, detail = started[key]
+        ev = by_key[key[0]].evidence[key[1]]
+        sets = fm.start_sets(status, signature, starts.get(key, []), labels)
+        if sets:
+            ev.starts.append(StartRecord((key[2], key[3]), sets, key[2] != this_run))
+        else:
+            ev.skip = f"{status}: {detail}"
 
 
 class Bisector:
@@ -284,13 +290,14 @@ class Bisector:
             cells = result.cells.filter(pc.equal(result.cells["settings_key"], t.settings_key))
             samples = result.samples.filter(pc.equal(result.samples["settings_key"], t.settings_key))
             status = cells.column("status")[0].as_py() if cells.num_rows else "missing"
+            signature = cells.column("failure_signature")[0].as_py() if cells.num_rows else None
             rows_in = list(zip(samples.column("case_id").to_pylist(), samples.column("failed_checks").to_pylist(),
                                strict=True))
-            sets = fm.label_sets(rows_in, self.labels)
+            sets = fm.start_sets(status, signature, rows_in, self.labels) or []
             ev = t.evidence[sha]
             if sets:
                 ev.starts.append(StartRecord((self.run.run_id, name), sets, False))
-            if status not in COUNTS_AS_SAMPLES or not sets:
+            else:
                 ev.skip = f"{status}: {cells.column('status_detail')[0].as_py() if cells.num_rows else ''}"
             found.append((t, cells, status, sets))
         merged = self.mode_names()
@@ -418,17 +425,25 @@ def cells_from_run(runs_dir: Path, from_run: str | None, good: str, bad: str, wh
     history = history_for(matrix.spec.install, repo_for(matrix, runs_dir), good=good, bad=bad)
     good_sha, bad_sha = history.resolve(good), history.resolve(bad)
     candidates = {c.settings_key: c for c in (select_cells(matrix, where) if where else matrix.cells)}
-    samples = analysis.load_table(run, "samples").select(["settings_key", "commit_sha", "case_id", "failed_checks"])
+    samples = analysis.load_table(run, "samples").select(["settings_key", "commit_sha", "group_id", "case_id",
+                                                          "failed_checks"])
+    cell_rows = analysis.load_table(run, "cells").select(["settings_key", "commit_sha", "group_id", "status",
+                                                          "failure_signature"])
     labels = fm.check_labels(suite)
+    per_start: dict[tuple[str, str, str], list[tuple[str, list[str] | None]]] = defaultdict(list)
+    for r in samples.to_pylist():
+        if r["settings_key"] in candidates:
+            per_start[(r["settings_key"], r["commit_sha"], r["group_id"])].append((r["case_id"], r["failed_checks"]))
     rows: dict[str, dict[str, list[tuple[str, frozenset[str]]]]] = defaultdict(lambda: defaultdict(list))
     seen: dict[tuple[str, frozenset[str]], set[str]] = defaultdict(set)
-    for r in samples.to_pylist():
+    for r in cell_rows.to_pylist():
+        key = (r["settings_key"], r["commit_sha"], r["group_id"])
         if r["settings_key"] not in candidates:
             continue
-        ((case, failed),) = fm.label_sets([(r["case_id"], r["failed_checks"])], labels)
-        rows[r["settings_key"]][r["commit_sha"]].append((case, failed))
-        if failed:
-            seen[(case, failed)].add(r["commit_sha"])
+        for case, failed in fm.start_sets(r["status"], r["failure_signature"], per_start.get(key, []), labels) or []:
+            rows[r["settings_key"]][r["commit_sha"]].append((case, failed))
+            if failed:
+                seen[(case, failed)].add(r["commit_sha"])
     modes = fm.assign(seen, fm.case_checks(suite, labels))
     chosen, checked, unclear = [], 0, 0
     for key, cell in candidates.items():

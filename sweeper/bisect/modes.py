@@ -11,7 +11,11 @@ modes (two bugs). Signatures are then merged into modes where they always occur 
   is seen mostly at commits where the other is, and the checks they share are at least half of
   what each fails (sharing a generic `finish_reason` alone makes no mode);
 * a sample without an answer (`http_ok` failed) fails every other check as a consequence: its
-  signature is `http_ok` alone.
+  signature is `http_ok` alone; when the engine died serving the cell, it is the crash's signature
+  (`crash: TypeError in vllm/v1/sample/rejection_sampler.py:forward`, see `sweeper.vllm.crash`),
+  so two crashes are two modes and a crash is never confused with an HTTP 400;
+* a start that vLLM refused naming one of the cell's settings is one sample of the mode
+  `refused: <vLLM's reason>` (case `START_CASE`).
 
 Within one case, one symptom more is another mode: whitespace with the FSM log line and whitespace
 without it are two bugs. "Mostly" is at least half of the commits where the rarer signature was
@@ -28,6 +32,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from sweeper.suite import Suite
 
 _NO_ANSWER = "http_ok"
+START_CASE = "(server start)"
+_SERVER_LABELS = ("crash: ", "refused: ")
 _KEEP_PARAM = {"log_absent": "pattern", "content_matches": "pattern"}
 SEP = " + "
 
@@ -45,17 +51,30 @@ def check_labels(suite: Suite) -> dict[tuple[str, str], str]:
     return labels
 
 
-def label_sets(rows: Iterable[tuple[str, Sequence[str] | None]],
-               labels: Mapping[tuple[str, str], str]) -> list[tuple[str, frozenset[str]]]:
-    """Each (case_id, failed check names) row as (case_id, its set of labels); empty for a pass."""
+def label_sets(rows: Iterable[tuple[str, Sequence[str] | None]], labels: Mapping[tuple[str, str], str],
+               crash: str | None = None) -> list[tuple[str, frozenset[str]]]:
+    """Each (case_id, failed check names) row of one server start as (case_id, its set of labels);
+    empty for a pass. `crash`: the start's crash signature, when its engine died."""
     out = []
     for case, failed in rows:
         names = set(failed or ())
         # Without an answer every other check fails too: their verdicts are consequences, not symptoms.
         if _NO_ANSWER in names:
-            names = {_NO_ANSWER}
+            out.append((case, frozenset({f"crash: {crash}" if crash else _NO_ANSWER})))
+            continue
         out.append((case, frozenset(labels.get((case, name), name) for name in names)))
     return out
+
+
+def start_sets(status: str, signature: str | None, rows: Iterable[tuple[str, Sequence[str] | None]],
+               labels: Mapping[tuple[str, str], str]) -> list[tuple[str, frozenset[str]]] | None:
+    """The samples one server start contributes, or None when the start says nothing about the
+    cell (not installed, refused for a reason that names none of its settings, hung)."""
+    if status in ("ok", "crashed"):
+        return label_sets(rows, labels, crash=signature if status == "crashed" else None)
+    if status == "server_failed" and signature:
+        return [(START_CASE, frozenset({signature}))]
+    return None
 
 
 def _overlap(a: set[str], b: set[str]) -> float:
@@ -77,7 +96,9 @@ def assign(seen: Mapping[tuple[str, frozenset[str]], set[str]],
 
     def projections(i: int, j: int) -> tuple[frozenset[str], frozenset[str]]:
         (ca, sa), (cb, sb) = nodes[i], nodes[j]
-        common = case_checks.get(ca, set(sa)) & case_checks.get(cb, set(sb))
+        # A crash or a refused start is no check of a case: any case can show it.
+        anywhere = {x for x in sa | sb if x.startswith(_SERVER_LABELS)}
+        common = (case_checks.get(ca, set(sa)) | anywhere) & (case_checks.get(cb, set(sb)) | anywhere)
         return sa & common, sb & common
 
     def close(i: int, j: int) -> bool:

@@ -24,7 +24,7 @@ from sweeper.sim.generate import Channel
 from sweeper.sim.logs import Logger
 from sweeper.sim.metrics import Metrics
 from sweeper.sim.request import ChatRequest, RequestError, parse
-from sweeper.sim.tree import Effect, Tree
+from sweeper.sim.tree import Bug, Effect, Tree
 
 _ROUTES = ("/health", "/metrics", "/version", "/v1/models", "/v1/chat/completions")
 
@@ -37,6 +37,7 @@ class Engine:
         self.behaviour = Behaviour(tree, cfg)
         self.metrics = Metrics(cfg)
         self.stopping = threading.Event()
+        self.dead = threading.Event()  # the engine died: every request now fails until the process exits
         self.created = int(time.time())
 
 
@@ -114,6 +115,10 @@ class Handler(BaseHTTPRequestHandler):
         engine = self.server.engine
         start = time.monotonic()
         rid = "chatcmpl-" + (self.headers.get("X-Request-Id") or uuid.uuid4().hex)
+        if engine.dead.is_set():
+            self._json(500, RequestError("EngineCore encountered an issue. See stack trace (above) for the root "
+                                         "cause.", status=500, kind="InternalServerError").body())
+            return
         try:
             try:
                 body = json.loads(raw or b"null")
@@ -128,7 +133,7 @@ class Handler(BaseHTTPRequestHandler):
         engine.log.info_line("async_llm.py:351", f"Added request {rid}.")
         effects = {b.effect for b in bugs}
         if Effect.CRASH in effects:
-            self._crash(rid)
+            self._crash(rid, next(b for b in bugs if b.effect is Effect.CRASH))
             return
         if Effect.HANG in effects:
             # Never answered; TERM still ends the process because request threads are daemons.
@@ -267,22 +272,46 @@ class Handler(BaseHTTPRequestHandler):
         self._write_chunk(b"")
         return ttft
 
-    def _crash(self, rid: str) -> None:
+    def _crash(self, rid: str, bug: Bug) -> None:
+        """The engine dies the way vLLM's does: the worker's traceback with the root cause, the engine
+        core's fatal error re-raising it, the API server's EngineDeadError, a 500, then exit. Each
+        line carries its process prefix and logger header, as in `tests/data/vllm/*-crash.log`."""
+        self.server.engine.dead.set()
         log = self.server.engine.log
-        log.error_line("core.py:710", "EngineCore encountered a fatal error.", engine=True)
-        log.raw(
-            "Traceback (most recent call last):\n"
-            '  File "/usr/lib/python3/site-packages/vllm/v1/engine/core.py", line 701, in run_engine_core\n'
-            "    engine_core.run_busy_loop()\n"
-            '  File "/usr/lib/python3/site-packages/vllm/v1/worker/gpu_model_runner.py", line 2480, in '
-            "execute_model\n"
-            "    torch.cuda.synchronize()\n"
-            "RuntimeError: CUDA error: an illegal memory access was encountered"
-        )
-        log.error_line("async_llm.py:480", f"AsyncLLM output_handler failed while processing request {rid}.")
-        log.error_line(
-            "core_client.py:564", "Engine core proc EngineCore_DP0 died unexpectedly, shutting down client."
-        )
+        spec = self.server.engine.cfg.spec_method != "none"
+        root = bug.message or "RuntimeError: CUDA error: an illegal memory access was encountered"
+        if ":" not in root:
+            root = f"RuntimeError: {root}"
+        site = "/usr/lib/python3/site-packages/vllm"
+        inner = ([f'  File "{site}/v1/worker/gpu_model_runner.py", line 3681, in _sample',
+                  "    sampler_output = self.rejection_sampler(",
+                  f'  File "{site}/v1/sample/rejection_sampler.py", line 469, in rejection_sample',
+                  "    _rejection_greedy_sample("] if spec else
+                 [f'  File "{site}/v1/worker/gpu_model_runner.py", line 2480, in execute_model',
+                  "    torch.cuda.synchronize()"])
+        pid, stamp = os.getpid(), time.strftime("%m-%d %H:%M:%S")
+
+        def block(proc: str, where: str, lines: list[str]) -> None:
+            log.raw("\n".join(f"({proc} pid={pid}) ERROR {stamp} [{where}] {ln}" for ln in lines))
+
+        block("Worker", "multiproc_executor.py:1055", [
+            "WorkerProc hit an exception.", "Traceback (most recent call last):",
+            f'  File "{site}/v1/executor/multiproc_executor.py", line 1047, in _execute_worker_rpc',
+            "    output = func(*args, **kwargs)", *inner, root])
+        block("EngineCore_DP0", "core.py:1368", [
+            "EngineCore encountered a fatal error.", "Traceback (most recent call last):",
+            f'  File "{site}/v1/engine/core.py", line 1352, in run_engine_core',
+            "    engine_core.run_busy_loop()",
+            f'  File "{site}/v1/executor/multiproc_executor.py", line 437, in get_response',
+            "    raise RuntimeError(",
+            (f"RuntimeError: Worker failed with error '{root.partition(': ')[2]}', please check the stack trace "
+             "above for the root cause")])
+        block("APIServer", "async_llm.py:843", [
+            f"AsyncLLM output_handler failed while processing request {rid}.", "Traceback (most recent call last):",
+            f'  File "{site}/v1/engine/core_client.py", line 1175, in get_output_async',
+            "    raise self._format_exception(outputs) from None",
+            ("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) "
+             "for the root cause.")])
         self._json(
             500,
             RequestError(
@@ -292,7 +321,7 @@ class Handler(BaseHTTPRequestHandler):
             ).body(),
         )
         # Exit after the reply is on the wire, as the API server does once its engine is dead.
-        threading.Timer(0.05, os._exit, args=(1,)).start()
+        threading.Timer(bug.exit_after_s, os._exit, args=(1,)).start()
 
     # --- plumbing ------------------------------------------------------------------------------
 

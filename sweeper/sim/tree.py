@@ -20,6 +20,8 @@ bugs:                         # each entry: effect (required), id, when, rate, r
     rate_sd: 0.1              # optional: the rate varies per server start (see below)
   - effect: crash
     after_requests: 5         # matching requests answered before the engine dies
+    message: "TypeError: ..." # the root cause in the log (default: a CUDA illegal memory access)
+    exit_after_s: 0.05        # the API server exits this long after the engine died
   - effect: refuse_start
     message: "CUDA error: no kernel image is available for execution on the device"
 ```
@@ -75,7 +77,7 @@ REQUEST_KEYS = frozenset(
     {"json_schema", "json_object", "tools", "thinking_budget", "stream", "enable_thinking"}
 )
 _TOP_KEYS = frozenset({"version", "install", "startup_s", "token_latency_s", "bugs"})
-_BUG_KEYS = frozenset({"id", "effect", "when", "rate", "rate_sd", "after_requests", "message"})
+_BUG_KEYS = frozenset({"id", "effect", "when", "rate", "rate_sd", "after_requests", "message", "exit_after_s"})
 
 
 class TreeError(ValueError):
@@ -100,6 +102,7 @@ class Bug:
     when: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     rate: float = 1.0
     after_requests: int = 0
+    exit_after_s: float = 0.05  # crash: how long the API server lives on after its engine died
     message: str = ""
     rate_sd: float = 0.0  # > 0: the rate is drawn per server start from Beta(mean rate, sd rate_sd)
 
@@ -228,6 +231,7 @@ def _parse_bug(raw: Any, source: str, index: int) -> Bug:
         when=when,
         rate=rate,
         after_requests=int(raw.get("after_requests", 0)),
+        exit_after_s=float(raw.get("exit_after_s", 0.05)),
         message=str(raw.get("message", "")),
         rate_sd=float(rate_sd),
     )
