@@ -215,6 +215,27 @@ def resolve_path(matrix_path: str, value: str) -> Path:
     return p if p.is_absolute() else (Path(matrix_path).parent / p)
 
 
+def model_path(matrix_path: str, value: str) -> str:
+    """A model named by a local folder becomes an absolute path: next to the matrix file first, else
+    from the working directory. Anything else (a hub id such as `Qwen/Qwen3-8B`) is left as written."""
+    p = Path(value).expanduser()
+    if p.is_absolute():
+        return value
+    for candidate in (Path(matrix_path).parent / p, p):
+        if candidate.is_dir():
+            return str(candidate.resolve())
+    return value
+
+
+def with_model_paths(spec: MatrixFile, matrix_path: str) -> MatrixFile:
+    """`model:` and every `spec_config.<method>.model` resolved by `model_path`, for the servers.
+    Cell identities keep the names as written."""
+    spec_config = {method: ({**conf, "model": model_path(matrix_path, conf["model"])}
+                            if isinstance(conf.get("model"), str) else conf)
+                   for method, conf in spec.spec_config.items()}
+    return spec.model_copy(update={"model": model_path(matrix_path, spec.model), "spec_config": spec_config})
+
+
 def canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 

@@ -402,6 +402,7 @@ class _CellBase:
             "spec_accepted_tokens": spec.get("accepted_tokens"),
             "spec_acceptance_rate": spec.get("acceptance_rate"),
             "spec_mean_acceptance_length": spec.get("mean_acceptance_length"),
+            "spec_accepted_per_position": spec.get("accepted_per_position"),
             "ttft_p50_s": statistics.median(ttfts) if ttfts else None,
             "latency_p50_s": statistics.median(latencies) if latencies else None,
         }

@@ -115,6 +115,7 @@ CELL_SCHEMA = pa.schema([
     pa.field("spec_accepted_tokens", pa.float64()),
     pa.field("spec_acceptance_rate", pa.float64()),
     pa.field("spec_mean_acceptance_length", pa.float64()),
+    pa.field("spec_accepted_per_position", pa.list_(pa.float64())),  # acceptance at draft position 0, 1, ...
     pa.field("ttft_p50_s", pa.float64()),
     pa.field("latency_p50_s", pa.float64()),
 ], metadata=_META)

@@ -19,7 +19,16 @@ from typing import Any
 from sweeper import __version__, gitrepo, history
 from sweeper.cluster import Cluster
 from sweeper.errors import ConfigError, GitError, StoreError
-from sweeper.matrix import Matrix, MatrixFile, ServerGroup, canonical, load_matrix, resolve_path, short_hash
+from sweeper.matrix import (
+    Matrix,
+    MatrixFile,
+    ServerGroup,
+    canonical,
+    load_matrix,
+    resolve_path,
+    short_hash,
+    with_model_paths,
+)
 from sweeper.runner import GroupJob, GroupResult
 from sweeper.server import kill_leftovers
 from sweeper.store import RunDir, host_info, new_run_id, now_utc, open_run
@@ -38,7 +47,7 @@ class Plan:
 
     @property
     def job_spec(self) -> MatrixFile:
-        return spec_with_repo(self.matrix.spec, self.repo)
+        return spec_with_repo(with_model_paths(self.matrix.spec, self.matrix.path), self.repo)
 
     @property
     def n_cells(self) -> int:

@@ -31,7 +31,7 @@ MATRIX = load_matrix(ROOT / "matrices" / "cpu.yaml")
 
 @pytest.fixture(scope="module")
 def installed() -> environments.Installed:
-    return environments.prepare(MATRIX.spec.install, "installed", None, base_dir=ROOT / "matrices")
+    return environments.prepare(MATRIX.spec.install, "0.32.0", None, base_dir=ROOT / "matrices")
 
 
 @pytest.fixture(scope="module")
@@ -187,3 +187,67 @@ def test_cpu_matrix_cells_through_the_runner(installed, model, work, monkeypatch
     row, samples = rows[refused.cell_id]
     assert row["status"] == "server_failed" and not samples
     assert "async scheduling is only supported with EAGLE/MTP" in row["log_tail"]
+    # vLLM's reason names the cell's settings: the configuration failing, a failure mode for bisect.
+    assert row["failure_signature"].startswith("refused: ValueError: Currently, async scheduling is only")
+    assert "async scheduling is only supported" in row["status_detail"]
+
+
+RELEASES = load_matrix(ROOT / "matrices" / "cpu-releases.yaml")
+
+
+def _engine_processes(marker: str) -> list[int]:
+    """Live processes started with this test's own VLLM_CACHE_ROOT: servers, engine cores, workers."""
+    import psutil
+
+    out = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("VLLM_CACHE_ROOT") == marker:
+                out.append(proc.pid)
+        except (psutil.Error, OSError):
+            continue
+    return out
+
+
+def test_real_releases_crash_budget_and_draft_model(model, work, monkeypatch) -> None:
+    """matrices/cpu-releases.yaml through the runner on real releases: ngram kills the engine on
+    0.30.0 (a `crashed` cell with vLLM's root cause) and serves on 0.32.0; on 0.32.0 the tiny model
+    as its own draft (`draft_model`) breaks the thinking budget, which holds without speculation."""
+    from sweeper.runner import GroupJob, run_group
+    from sweeper.sweep import load_suites
+
+    scratch = work / "releases"
+    for var, sub in (("VLLM_CACHE_ROOT", "vllm"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TMPDIR", "tmp")):
+        (scratch / sub).mkdir(parents=True, exist_ok=True)
+        monkeypatch.setenv(var, str(scratch / sub))
+    spec = RELEASES.spec.model_copy(update={
+        "model": model, "spec_config": {**RELEASES.spec.spec_config, "draft_model": {"model": model}}})
+    suite = load_suites(RELEASES.suite_paths)
+    groups = {(g.head.commit, g.head.spec_method): g for g in RELEASES.groups()}
+    rows = {}
+    for key in (("0.30.0", "ngram"), ("0.32.0", "ngram"), ("0.32.0", "none"), ("0.32.0", "draft_model")):
+        job = GroupJob(run_id="t", group=groups[key], spec=spec, suite=suite, matrix_dir=str(ROOT / "matrices"),
+                       log_dir=str(scratch / "logs"), sha=key[0])
+        result = run_group(job)
+        rows[key] = (result.cells.to_pylist()[0], result.samples.to_pylist())
+        assert _engine_processes(str(scratch / "vllm")) == [], key  # every server's process group is gone
+
+    crashed, samples = rows[("0.30.0", "ngram")]
+    assert crashed["status"] == "crashed" and crashed["vllm_version"] == "0.30.0"
+    assert "TypeError: Cannot inspect kernel parameters for function" in crashed["status_detail"]
+    assert crashed["failure_signature"].startswith("TypeError in vllm/")
+    assert samples and all(s["http_status"] == 500 for s in samples)
+
+    ok, _ = rows[("0.32.0", "ngram")]
+    assert ok["status"] == "ok" and ok["spec_drafts"] > 0
+
+    plain, samples = rows[("0.32.0", "none")]
+    assert plain["status"] == "ok" and samples and all(s["passed"] for s in samples)
+
+    draft, samples = rows[("0.32.0", "draft_model")]
+    assert draft["status"] == "ok" and draft["effective_spec_method"] == "draft_model"
+    assert draft["spec_drafts"] > 0 and draft["spec_draft_tokens"] > 0
+    budget = [s for s in samples if s["case_id"] == "budget-json"]
+    assert len(budget) == 3
+    assert any("reasoning_tokens_at_most" in s["failed_checks"] for s in budget), \
+        [s["reasoning_tokens"] for s in budget]

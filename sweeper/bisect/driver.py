@@ -39,7 +39,7 @@ from sweeper.bisect.search import BisectReport, Search
 from sweeper.cluster import Cluster
 from sweeper.errors import BisectError
 from sweeper.history import History, history_for
-from sweeper.matrix import Cell, Matrix, ServerGroup, canonical, make_cell
+from sweeper.matrix import Cell, Matrix, ServerGroup, canonical, make_cell, with_model_paths
 from sweeper.runner import GroupJob, GroupResult
 from sweeper.server import kill_leftovers
 from sweeper.store import (
@@ -264,7 +264,7 @@ class Bisector:
             group = ServerGroup(cells[0].server_key, cells)
             self.probe_no += 1
             repeats = max(1, math.ceil(max(n for _, n in wants) / self._requests_per_repeat()))
-            job = GroupJob(run_id=self.run.run_id, group=group, spec=spec_with_repo(self.matrix.spec, self.repo),
+            job = GroupJob(run_id=self.run.run_id, group=group, spec=spec_with_repo(with_model_paths(self.matrix.spec, self.matrix.path), self.repo),
                            suite=self.suite, matrix_dir=str(Path(self.matrix.path).parent),
                            log_dir=str(self.run.logs), sha=sha,
                            cache_dir=str(self.cache_dir) if self.cache_dir else None,
