@@ -29,9 +29,15 @@ ROOT = Path(__file__).resolve().parents[1]
 MATRIX = load_matrix(ROOT / "matrices" / "cpu.yaml")
 
 
+# Real vLLM environments are 3.4 GB and minutes each: SWEEP_TEST_VLLM_CACHE names a folder that keeps
+# them between test runs; unset, they go to the session's temp cache like every other environment.
+VLLM_CACHE = Path(os.environ["SWEEP_TEST_VLLM_CACHE"]) if os.environ.get("SWEEP_TEST_VLLM_CACHE") else None
+
+
 @pytest.fixture(scope="module")
 def installed() -> environments.Installed:
-    return environments.prepare(MATRIX.spec.install, "0.32.0", None, base_dir=ROOT / "matrices")
+    return environments.prepare(MATRIX.spec.install, "0.32.0", None, base_dir=ROOT / "matrices",
+                                cache_dir=VLLM_CACHE)
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +181,8 @@ def test_cpu_matrix_cells_through_the_runner(installed, model, work, monkeypatch
     rows = {}
     for c in (ok_cell, refused):
         job = GroupJob(run_id="t", group=groups[c.cell_id], spec=spec, suite=suite, matrix_dir=str(ROOT / "matrices"),
-                       log_dir=str(work / "e2e" / "logs"), repeats_override=1)
+                       log_dir=str(work / "e2e" / "logs"), repeats_override=1, sha="0.32.0",
+                       cache_dir=str(VLLM_CACHE) if VLLM_CACHE else None)
         result = run_group(job)
         rows[c.cell_id] = (result.cells.to_pylist()[0], result.samples.to_pylist())
     row, samples = rows[ok_cell.cell_id]
@@ -209,6 +216,7 @@ def _engine_processes(marker: str) -> list[int]:
     return out
 
 
+@pytest.mark.timeout(2400)  # four real servers one after another, and the 0.30.0 install when not cached
 def test_real_releases_crash_budget_and_draft_model(model, work, monkeypatch) -> None:
     """matrices/cpu-releases.yaml through the runner on real releases: ngram kills the engine on
     0.30.0 (a `crashed` cell with vLLM's root cause) and serves on 0.32.0; on 0.32.0 the tiny model
@@ -227,7 +235,8 @@ def test_real_releases_crash_budget_and_draft_model(model, work, monkeypatch) ->
     rows = {}
     for key in (("0.30.0", "ngram"), ("0.32.0", "ngram"), ("0.32.0", "none"), ("0.32.0", "draft_model")):
         job = GroupJob(run_id="t", group=groups[key], spec=spec, suite=suite, matrix_dir=str(ROOT / "matrices"),
-                       log_dir=str(scratch / "logs"), sha=key[0])
+                       log_dir=str(scratch / "logs"), sha=key[0],
+                       cache_dir=str(VLLM_CACHE) if VLLM_CACHE else None)
         result = run_group(job)
         rows[key] = (result.cells.to_pylist()[0], result.samples.to_pylist())
         assert _engine_processes(str(scratch / "vllm")) == [], key  # every server's process group is gone
