@@ -22,6 +22,7 @@ semantics: product -> exclude -> include. Axes that do not apply collapse: a cel
     exclude:
       - {spec_method: ngram, async_scheduling: true}
 
+`install` (and its `kind`) is required: nothing defaults to the simulator.
 Serve flag values: `true` gives the bare flag, `false`/`null` leave it out, anything else is
 passed as the flag's value (mappings as JSON). Env values are strings; `null` unsets.
 Request fields are merged into every request body of the suite; `null` removes a field.
@@ -38,7 +39,7 @@ import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import pydantic
 
@@ -80,10 +81,15 @@ class _Strict(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
 
 
+InstallKind = Literal["sim", "preinstalled", "wheels", "source", "pip"]
+INSTALL_KINDS: tuple[str, ...] = get_args(InstallKind)
+
+
 class Install(_Strict):
     """How to get vLLM at a commit. See `sweeper.environments` for each kind."""
 
-    kind: Literal["sim", "preinstalled", "wheels", "source", "pip"] = "sim"
+    # Required: a real matrix that forgot it must never run the simulator instead.
+    kind: InstallKind
     # sim/source: the repository holding the commits (path relative to the matrix, a URL, or
     # `sim:demo` / `sim:bisect` for a simulated history the tool makes itself).
     repo: str | None = None
@@ -126,7 +132,7 @@ class MatrixFile(_Strict):
     model: str = pydantic.Field(min_length=1)
     # One suite file, or several whose cases are sent together (case ids get the suite name).
     suite: str | list[str]
-    install: Install = Install()
+    install: Install  # no default: see `_check_install`
     serve: dict[str, Any] = {}
     env: dict[str, Scalar] = {}
     request: dict[str, Any] = {}
@@ -487,6 +493,7 @@ def parse_matrix(data: Any, pos: Positions, path: str) -> Matrix:
     if not isinstance(data, dict):
         raise pos.error((), "expected a mapping with model, suite and axes")
     _check_strings(data, pos)
+    _check_install(data, pos)
     spec = validate(MatrixFile, data, pos)
     _check_settings(spec, pos)
     axes = _parse_axes(spec, pos)
@@ -506,6 +513,17 @@ def parse_matrix(data: Any, pos: Positions, path: str) -> Matrix:
         raise pos.error(("exclude",), "every combination is excluded: the matrix has no cells")
     _check_suites(spec, pos, path)
     return Matrix(path=path, spec=spec, axes=axes, cells=cells, raw=data)
+
+
+def _check_install(data: dict[str, Any], pos: Positions) -> None:
+    """`install` and its `kind` are required: nothing defaults to the simulator, whose rows would
+    look like vLLM results."""
+    install = data.get("install")
+    if install is None:
+        raise pos.error(("install",), f"required (kind: {', '.join(INSTALL_KINDS)}); nothing defaults to "
+                                      "the simulator")
+    if isinstance(install, dict) and "kind" not in install:
+        raise pos.error(("install", "kind"), f"required: one of {', '.join(INSTALL_KINDS)}")
 
 
 def _check_strings(data: Any, pos: Positions) -> None:

@@ -23,6 +23,7 @@ from sweeper import cli
 
 SUITE = "cases: [{id: a, body: {messages: [{role: user, content: hi}]}}]\n"
 HEAD = "model: m\nsuite: s.yaml\ninstall: {kind: preinstalled}\n"
+SIM_HEAD = "model: m\nsuite: s.yaml\ninstall: {kind: sim, repo: \"sim:demo\"}\n"  # several commits
 AXES = "axes:\n  spec_method: [none]\n"
 MSG = "messages: [{role: user, content: hi}]"
 
@@ -210,10 +211,12 @@ BAD: list[Bad] = [
     # --- values: bounded, and never flooding the error line
     Bad("commit-1mb", {"m.yaml": matrix(axes="axes:\n  commit: [" + "a" * 2**20 + "]\n")},
         says="value too long (1,048,576 characters", line=5),
-    Bad("commit-300", {"m.yaml": matrix(head="model: m\nsuite: s.yaml\n", axes="axes:\n  commit: [" + "a" * 300 + "]\n")},
-        says="at most 255 characters", line=4),
-    Bad("commit-option", {"m.yaml": matrix(head="model: m\nsuite: s.yaml\n", axes="axes:\n  commit: ['--upload-pack=x']\n")},
-        says="not starting with -", line=4),
+    Bad("commit-300", {"m.yaml": matrix(head=SIM_HEAD, axes="axes:\n  commit: [" + "a" * 300 + "]\n")},
+        says="at most 255 characters", line=5),
+    Bad("commit-option", {"m.yaml": matrix(head=SIM_HEAD, axes="axes:\n  commit: ['--upload-pack=x']\n")},
+        says="not starting with -", line=5),
+    Bad("no-install", {"m.yaml": matrix(head="model: m\nsuite: s.yaml\n")},
+        says="install: required (kind: sim, preinstalled, wheels, source, pip)", line=1),
     Bad("kind-long-value", {"m.yaml": matrix(head="model: m\nsuite: s.yaml\ninstall: {kind: " + "d" * 60000 + "}\n")},
         says="expected one of", line=3),
     Bad("key-with-newlines", {"m.yaml": matrix('"a\\nb\\nc\\nd": 1\n')}, says="unknown key", line=4),

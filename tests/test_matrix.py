@@ -60,7 +60,7 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-BASE = "model: m\nsuite: s.yaml\n"
+BASE = "model: m\nsuite: s.yaml\ninstall: {kind: sim}\n"
 
 
 def test_spec_none_collapses_num_speculative_tokens(tmp_path):
@@ -100,32 +100,37 @@ def test_serve_values_true_false_null(tmp_path):
 
 @pytest.mark.parametrize("text,message", [
     (BASE + "axes:\n  commit: [v1]\nbogus: 1\n",
-     ("m.yaml:5: bogus: unknown key; expected one of: name, description, model, suite, install, serve, env, "
+     ("m.yaml:6: bogus: unknown key; expected one of: name, description, model, suite, install, serve, env, "
       "request, spec_config, gpus_per_cell, repeats, concurrency, timeouts, axes, exclude, include")),
-    (BASE + "axes:\n  commit: []\n", "m.yaml:4: axes.commit: empty axis: expected at least one value"),
+    (BASE + "axes:\n  commit: []\n", "m.yaml:5: axes.commit: empty axis: expected at least one value"),
     (BASE + "axes:\n  colour: [red]\n",
-     ("m.yaml:4: axes.colour: unknown axis; expected one of commit, spec_method, num_speculative_tokens, "
+     ("m.yaml:5: axes.colour: unknown axis; expected one of commit, spec_method, num_speculative_tokens, "
       "async_scheduling, attention_backend or env.NAME, serve.--flag, request.field")),
     (BASE + "axes:\n  num_speculative_tokens: [1, zero]\n",
-     "m.yaml:4: axes.num_speculative_tokens[1]: expected a positive integer, got 'zero'"),
+     "m.yaml:5: axes.num_speculative_tokens[1]: expected a positive integer, got 'zero'"),
     (BASE + "axes:\n  commit: [v1]\n  async_scheduling: [yes-please]\n",
-     "m.yaml:5: axes.async_scheduling[0]: expected true, false or null (the version's default), got 'yes-please'"),
+     "m.yaml:6: axes.async_scheduling[0]: expected true, false or null (the version's default), got 'yes-please'"),
     (BASE + "axes:\n  commit:\n    - 0012345\n",
-     "m.yaml:5: axes.commit[0]: expected a commit, tag or branch as a string (quote shas and versions), got 5349"),
-    (BASE + "axes:\n  commit: [v1\n", "m.yaml:5: invalid YAML: did not find expected ',' or ']'"),
+     "m.yaml:6: axes.commit[0]: expected a commit, tag or branch as a string (quote shas and versions), got 5349"),
+    (BASE + "axes:\n  commit: [v1\n", "m.yaml:6: invalid YAML: did not find expected ',' or ']'"),
     (BASE + "gpus_per_cell: -1\naxes:\n  commit: [v1]\n",
-     "m.yaml:3: gpus_per_cell: Input should be greater than or equal to 0, got -1"),
-    (BASE + "install: {kind: docker}\naxes:\n  commit: [v1]\n",
+     "m.yaml:4: gpus_per_cell: Input should be greater than or equal to 0, got -1"),
+    ("model: m\nsuite: s.yaml\ninstall: {kind: docker}\naxes:\n  commit: [v1]\n",
      "m.yaml:3: install.kind: expected one of 'sim', 'preinstalled', 'wheels', 'source' or 'pip', got 'docker'"),
     (BASE + "axes:\n  commit: [v1]\nexclude:\n  - {spec_method: mtp}\n",
-     "m.yaml:6: exclude[0].spec_method: not an axis of this matrix; axes: commit"),
+     "m.yaml:7: exclude[0].spec_method: not an axis of this matrix; axes: commit"),
     (BASE + "axes:\n  commit: [v1]\nexclude:\n  - {commit: v1}\n",
-     "m.yaml:5: exclude: every combination is excluded: the matrix has no cells"),
-    ("model: m\nsuite: nope.yaml\naxes:\n  commit: [v1]\n", "m.yaml:2: suite: suite file not found: {d}/nope.yaml"),
-    ("suite: s.yaml\naxes:\n  commit: [v1]\n", "m.yaml:1: model: required key is missing"),
+     "m.yaml:6: exclude: every combination is excluded: the matrix has no cells"),
+    ("model: m\nsuite: nope.yaml\ninstall: {kind: sim}\naxes:\n  commit: [v1]\n", "m.yaml:2: suite: suite file not found: {d}/nope.yaml"),
+    ("suite: s.yaml\ninstall: {kind: sim}\naxes:\n  commit: [v1]\n", "m.yaml:1: model: required key is missing"),
+    # Nothing defaults to the simulator: a real matrix that forgot `install` must not run it.
+    ("model: m\nsuite: s.yaml\naxes:\n  commit: [v1]\n",
+     "m.yaml:1: install: required (kind: sim, preinstalled, wheels, source, pip); nothing defaults to the simulator"),
+    ("model: m\nsuite: s.yaml\ninstall: {repo: x}\naxes:\n  commit: [v1]\n",
+     "m.yaml:3: install.kind: required: one of sim, preinstalled, wheels, source, pip"),
     (BASE + "axes:\n  serve.reasoning-parser: [a]\n",
-     "m.yaml:4: axes.serve.reasoning-parser: serve axes name a flag: expected serve.--flag-name"),
-    (BASE + "axes:\n  commit: [v1, v1]\n", "m.yaml:4: axes.commit[1]: duplicate value 'v1'"),
+     "m.yaml:5: axes.serve.reasoning-parser: serve axes name a flag: expected serve.--flag-name"),
+    (BASE + "axes:\n  commit: [v1, v1]\n", "m.yaml:5: axes.commit[1]: duplicate value 'v1'"),
 ])
 def test_bad_matrix_names_file_line_and_key(tmp_path, text, message):
     path = write(tmp_path, text)

@@ -160,11 +160,12 @@ def test_resume_after_a_killed_run_gives_exactly_once_rows(tmp_path: Path, tiny_
 
 def test_bad_matrix_is_one_line_and_exit_1(tmp_path: Path, tiny_suite: Path) -> None:
     path = tmp_path / "bad.yaml"
-    path.write_text(f"model: m\nsuite: {tiny_suite}\naxes:\n  spec_method: [none, mtp]\n  num_speculative_tokens: [0]\n")
+    path.write_text(f"model: m\nsuite: {tiny_suite}\ninstall: {{kind: sim}}\naxes:\n  spec_method: [none, mtp]\n"
+                    "  num_speculative_tokens: [0]\n")
     proc = sweep_cli("matrix", str(path), "--dry-run")
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 1
-    assert err.strip() == f"error: {path}:5: axes.num_speculative_tokens[0]: expected a positive integer, got 0"
+    assert err.strip() == f"error: {path}:6: axes.num_speculative_tokens[0]: expected a positive integer, got 0"
     assert "Traceback" not in err
 
 

@@ -16,7 +16,7 @@ import pytest
 from sweeper import metrics
 from sweeper.environments import Installed
 from sweeper.errors import ConfigError
-from sweeper.matrix import MatrixFile, make_cell
+from sweeper.matrix import Install, MatrixFile, make_cell
 from sweeper.vllm import (
     FlagSet,
     diff,
@@ -38,7 +38,8 @@ def real(name: str) -> str:
 
 
 def cell(**axes: Any):
-    spec = MatrixFile(model="m", suite="s.yaml", axes={k: [v] for k, v in axes.items()},
+    spec = MatrixFile(model="m", suite="s.yaml", install=Install(kind="sim"),
+                      axes={k: [v] for k, v in axes.items()},
                       spec_config={"ngram": {"prompt_lookup_max": 3}})
     return make_cell(spec, axes, list(axes))
 
