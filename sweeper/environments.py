@@ -37,7 +37,8 @@ from typing import Any
 import filelock
 import yaml
 
-from sweeper.errors import ConfigError, InstallError
+from sweeper import gitrepo
+from sweeper.errors import ConfigError, GitError, InstallError
 from sweeper.matrix import Install
 
 META = "meta.json"
@@ -175,7 +176,7 @@ def _recipe(install: Install, commit: str, sha: str | None, base_dir: Path, cach
     if kind == "sim":
         repo = _local_repo(install, base_dir, cache) if install.repo else None
         if repo is not None and sha is None:
-            sha = _git(repo, "rev-parse", "--verify", f"{commit}^{{commit}}").strip()
+            sha = gitrepo.resolve(repo, commit)
         ident = sha or commit
         return _Recipe(f"sim-{_slug(ident)}-{_h(settings, ident)}", kind, commit, sha, install, base_dir, repo)
     if kind == "preinstalled":
@@ -183,7 +184,7 @@ def _recipe(install: Install, commit: str, sha: str | None, base_dir: Path, cach
                        base_dir)
     if kind == "wheels":
         full = sha or commit
-        if not re.fullmatch(r"[0-9a-f]{40}", full):
+        if not gitrepo.is_full_sha(full):
             raise ConfigError(f"install kind wheels needs a full 40-hex commit sha, got {full!r} "
                               "(resolve the ref first)", key="install")
         return _Recipe(f"wheels-{full[:12]}-{_h(settings, full)}", kind, commit, full, install, base_dir)
@@ -191,7 +192,7 @@ def _recipe(install: Install, commit: str, sha: str | None, base_dir: Path, cach
         if not install.repo:
             raise ConfigError("install kind source needs install.repo", key="install.repo")
         repo = _local_repo(install, base_dir, cache)
-        full = sha or _git(repo, "rev-parse", "--verify", f"{commit}^{{commit}}").strip()
+        full = sha or gitrepo.resolve(repo, commit)
         return _Recipe(f"source-{full[:12]}-{_h(settings, full)}", kind, commit, full, install, base_dir, repo)
     if kind == "pip":
         if not install.packages:
@@ -208,11 +209,7 @@ def _build_sim(r: _Recipe, root: Path) -> dict[str, Any]:
     if r.repo is not None:
         tree = root / "tree"
         tree.mkdir()
-        archive = subprocess.run(["git", "-C", str(r.repo), "archive", "--format=tar", str(r.sha)],
-                                 capture_output=True, check=False)
-        if archive.returncode != 0:
-            raise InstallError(f"sim: git archive {r.sha} in {r.repo} failed: {_tail(archive.stderr)}")
-        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        with tarfile.open(fileobj=io.BytesIO(gitrepo.archive(r.repo, str(r.sha)))) as tar:
             tar.extractall(tree, filter="data")
         spec = _sim_yaml(tree)
         install = str(spec.get("install", "ok"))
@@ -296,8 +293,8 @@ def _check_wheel_index(index: str, sha: str) -> None:
 def _build_source(r: _Recipe, root: Path) -> dict[str, Any]:
     assert r.repo is not None and r.sha is not None
     src = root / "src"
-    _git(r.repo, "worktree", "prune")
-    _run(["git", "-C", str(r.repo), "worktree", "add", "--detach", "--force", str(src), r.sha], root)
+    _log_step(root, ["git", "-C", str(r.repo), "worktree", "add", "--detach", str(src), r.sha])
+    gitrepo.worktree_add(r.repo, r.sha, src)
     venv = root / "venv"
     uv = _uv()
     _run([*uv, "venv", "--seed", "--python", sys.executable, str(venv)], root)
@@ -437,8 +434,8 @@ def _remove_root(root: Path) -> None:
     meta = _read_meta(root) or {}
     src = root / "src"
     if meta.get("repo") and src.exists():  # a worktree: let git forget it too
-        subprocess.run(["git", "-C", meta["repo"], "worktree", "remove", "--force", str(src)],
-                       capture_output=True, check=False)
+        with contextlib.suppress(GitError):
+            gitrepo.worktree_remove(meta["repo"], src)
     with contextlib.suppress(FileNotFoundError):
         (root / META).unlink()  # first, so a half-removed folder never looks complete
     shutil.rmtree(root, ignore_errors=True)
@@ -493,9 +490,7 @@ def _uv() -> list[str]:
 
 def _run(argv: Sequence[str], root: Path, *, env: Mapping[str, str] | None = None) -> str:
     """Run one installer step, logging to root/install.log; InstallError with the output's tail on failure."""
-    log = root / "install.log"
-    with open(log, "a") as fh:
-        fh.write(f"$ {' '.join(argv)}\n")
+    log = _log_step(root, argv)
     try:
         proc = subprocess.run(list(argv), capture_output=True, text=True, env=dict(env) if env else None,
                               timeout=INSTALL_TIMEOUT_S, check=False)
@@ -509,11 +504,12 @@ def _run(argv: Sequence[str], root: Path, *, env: Mapping[str, str] | None = Non
     return proc.stdout
 
 
-def _git(repo: Path, *args: str) -> str:
-    proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise InstallError(f"git {' '.join(args)} in {repo}: {proc.stderr.strip()}")
-    return proc.stdout
+def _log_step(root: Path, argv: Sequence[str]) -> Path:
+    """Note one installer step in root/install.log; the log's path."""
+    log = root / "install.log"
+    with open(log, "a") as fh:
+        fh.write(f"$ {' '.join(argv)}\n")
+    return log
 
 
 def _local_repo(install: Install, base_dir: Path, cache: Path | None = None) -> Path:
@@ -521,28 +517,14 @@ def _local_repo(install: Install, base_dir: Path, cache: Path | None = None) -> 
     if install.repo.startswith("sim:"):
         raise ConfigError(f"install.repo {install.repo!r}: make the simulated repository first "
                           "(`sweep sim make-repo`) and pass its path", key="install.repo")
-    if re.match(r"^[a-z+]+://|^git@", install.repo):
-        return _clone(install.repo, cache or default_cache_dir())
+    if gitrepo.is_url(install.repo):
+        # One bare clone per node, shared by all its environments; fetched when used again.
+        return gitrepo.ensure_clone(install.repo, (cache or default_cache_dir()) / ".repos")
     p = Path(install.repo).expanduser()
     p = p if p.is_absolute() else base_dir / p
     if not (p / ".git").exists() and not (p / "HEAD").exists():
         raise ConfigError(f"install.repo {p} is not a git repository", key="install.repo")
     return p
-
-
-def _clone(url: str, cache: Path) -> Path:
-    """A bare clone of a remote repository, shared by all environments of the node; fetched when stale."""
-    dest = cache / ".repos" / f"{_slug(url.rstrip('/').rsplit('/', 1)[-1])}-{_h(url)}"
-    with filelock.FileLock(str(_lock_path(cache, dest.name)), timeout=INSTALL_TIMEOUT_S):
-        if not dest.exists():
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            proc = subprocess.run(["git", "clone", "--bare", url, str(dest)], capture_output=True, text=True, check=False)
-            if proc.returncode != 0:
-                raise InstallError(f"git clone {url} failed: {_tail(proc.stderr)}")
-        else:
-            subprocess.run(["git", "-C", str(dest), "fetch", "--quiet", "origin", "+refs/heads/*:refs/heads/*",
-                            "+refs/tags/*:refs/tags/*"], capture_output=True, check=False)
-    return dest
 
 
 def _shebang_python(script: Path) -> str | None:

@@ -1,6 +1,9 @@
 """Git, through `git` subprocesses: resolve refs the way users type them, list the
-first-parent commits a bisect walks, read commit metadata, make worktrees, and keep a
-cached clone of a repository given as a URL.
+first-parent commits a bisect walks, read commit metadata, make worktrees, export a tree, and
+keep a cached clone of a repository given as a URL.
+
+The one place that runs git: every call has the C locale (messages are parsed into errors) and
+no terminal prompt (a private URL fails instead of hanging a worker at a password prompt).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
 
@@ -19,7 +23,8 @@ from sweeper.errors import GitError
 _PR = re.compile(r"\(#(\d+)\)\s*$")
 # `v0.27` means the v0.27.0 release when no ref is spelled exactly that way.
 _SHORT_RELEASE = re.compile(r"^v?\d+\.\d+$")
-_URL = re.compile(r"^(https?|ssh|git|file)://|^[\w.-]+@[\w.-]+:")
+# A URL (`https://`, `ssh://`, `git+ssh://`, `file://`, ...) or scp-like `user@host:path`.
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://|^[\w.-]+@[\w.-]+:")
 _FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -49,17 +54,26 @@ def pr_number(subject: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _git(repo: Path | str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def _run(repo: Path | str, args: tuple[str, ...], *, text: bool) -> subprocess.CompletedProcess[Any]:
     # C locale: messages are parsed into errors; no prompt: a private URL must fail, not hang.
     env = {**os.environ, "LC_ALL": "C", "GIT_TERMINAL_PROMPT": "0"}
     try:
-        proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
-                              env=env, check=False)
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=text, env=env,
+                              stdin=subprocess.DEVNULL, check=False)
     except FileNotFoundError:
         raise GitError("git is not installed") from None
+
+
+def _failed(repo: Path | str, args: tuple[str, ...], stderr: str | bytes) -> GitError:
+    text = stderr.decode(errors="replace") if isinstance(stderr, bytes) else stderr
+    last = (text.strip().splitlines() or ["failed"])[-1]
+    return GitError(f"git {' '.join(args[:2])} in {repo}: {last}")
+
+
+def _git(repo: Path | str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = _run(repo, args, text=True)
     if check and proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["failed"])[-1]
-        raise GitError(f"git {' '.join(args[:2])} in {repo}: {last}")
+        raise _failed(repo, args, proc.stderr)
     return proc
 
 
@@ -159,8 +173,10 @@ def first_parent_ancestor(repo: Path | str, ref: str, distance: int) -> str | No
 
 
 def worktree_add(repo: Path | str, sha: str, path: Path | str) -> Path:
-    """A detached worktree of `sha` at `path` (which must not exist yet)."""
+    """A detached worktree of `sha` at `path` (which must not exist yet). Worktrees whose folders
+    are gone (an environment removed by hand) are pruned first, so their paths can be reused."""
     full = resolve(repo, sha)
+    _git(repo, "worktree", "prune", check=False)
     _git(repo, "worktree", "add", "--detach", "--force", str(path), full)
     return Path(path)
 
@@ -174,6 +190,15 @@ def is_url(source: str) -> bool:
     return bool(_URL.match(source))
 
 
+def archive(repo: Path | str, ref: str) -> bytes:
+    """The tree of `ref` as an uncompressed tar (`git archive`)."""
+    args = ("archive", "--format=tar", resolve(repo, ref))
+    proc = _run(repo, args, text=False)
+    if proc.returncode != 0:
+        raise _failed(repo, args, proc.stderr)
+    return bytes(proc.stdout)
+
+
 def ensure_clone(url: str, cache: Path | str) -> Path:
     """A bare clone of `url` under `cache`, cloned once and fetched on later use; a file
     lock keeps concurrent runs on one host from cloning into the same directory."""
@@ -183,8 +208,10 @@ def ensure_clone(url: str, cache: Path | str) -> Path:
     target = cache / f"{slug}.git"
     with FileLock(str(target) + ".lock"):
         if target.exists():
+            # A failed fetch keeps the clone as it was: refs it already has still resolve, and one
+            # it lacks fails later with its own message.
             _git(target, "fetch", "--quiet", "--prune", "--tags", "origin",
-                 "+refs/heads/*:refs/heads/*")
+                 "+refs/heads/*:refs/heads/*", check=False)
         else:
             proc = _git(cache, "clone", "--quiet", "--bare", url, str(target), check=False)
             if proc.returncode != 0:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -72,9 +73,9 @@ def sim_repo(spec: str, cache: Path) -> Path:
     if not (target / ".git").exists():
         cache.mkdir(parents=True, exist_ok=True)
         tmp = cache / f".sim-{scenario}.tmp"
-        subprocess.run(["rm", "-rf", str(tmp)], check=False)
+        shutil.rmtree(tmp, ignore_errors=True)
         done = subprocess.run([sys.executable, "-m", "sweeper.sim", "make-repo", str(tmp), "--scenario", scenario],
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise ConfigError(f"cannot make the simulated history {spec!r}: {done.stderr.strip()[-300:]}")
         tmp.rename(target)
@@ -89,7 +90,7 @@ def repo_for(matrix: Matrix, runs_dir: Path) -> Path | None:
         return None
     if install.repo.startswith("sim:"):
         return sim_repo(install.repo, runs_dir / ".cache")
-    if "://" in install.repo or install.repo.startswith("git@"):
+    if gitrepo.is_url(install.repo):
         return gitrepo.ensure_clone(install.repo, runs_dir / ".cache" / "repos")
     return resolve_path(matrix.path, install.repo)
 
@@ -111,7 +112,7 @@ def make_plan(matrix_path: str | Path, runs_dir: Path, *, resolve: bool = True) 
     matrix = load_matrix(matrix_path)
     suite = load_suites(matrix.suite_paths)
     install = matrix.spec.install
-    remote = bool(install.repo) and ("://" in install.repo or install.repo.startswith("git@"))
+    remote = bool(install.repo) and gitrepo.is_url(install.repo)
     repo = None if (remote and not resolve) else repo_for(matrix, runs_dir)
     shas: dict[str, str | None] = {}
     commits = matrix.commits()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sweeper import environments
+from sweeper import environments, gitrepo
 from sweeper.environments import Installed, clear, evict, in_use, list_environments, prepare
 from sweeper.errors import InstallError
 from sweeper.matrix import Install
@@ -215,6 +215,18 @@ def test_sim_kind_materialises_the_tree_and_reports_install_failures(sim_repo, t
         prepare(install, "main", bad, base_dir=tmp_path, cache_dir=tmp_path / "cache")
     # A failed install leaves nothing behind; the good one stays.
     assert [e.sha for e in list_environments(tmp_path / "cache")] == [good]
+
+
+def test_a_repository_url_is_cloned_once_per_node_by_gitrepo(sim_repo, tmp_path: Path) -> None:
+    _, good, _ = sim_repo
+    url = (tmp_path / "simrepo").resolve().as_uri()
+    install = Install(kind="sim", repo=url)
+    env = prepare(install, "main~1", None, base_dir=tmp_path, cache_dir=tmp_path / "cache")
+    assert env.sha == good and env.version == "0.27.0"
+    clones = list((tmp_path / "cache" / ".repos").glob("*.git"))
+    assert len(clones) == 1 and (clones[0] / "HEAD").exists()
+    # The node's clone is the one `sweep matrix` makes on the driver (gitrepo.ensure_clone).
+    assert gitrepo.ensure_clone(url, tmp_path / "cache" / ".repos") == clones[0]
 
 
 def test_sim_without_repo_is_the_latest_simulator(tmp_path: Path) -> None:

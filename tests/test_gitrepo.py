@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import http.server
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -120,3 +122,29 @@ def test_ensure_clone_from_a_local_url(repo: dict, tmp_path: Path) -> None:
     assert gitrepo.resolve(clone, "main") == new
     assert gitrepo.is_url(url) and gitrepo.is_url("git@github.com:vllm-project/vllm.git")
     assert not gitrepo.is_url("/src/vllm")
+
+
+class _AuthRequired(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802  (the name http.server calls)
+        self.send_response(401)
+        self.send_header("WWW-Authenticate", 'Basic realm="private"')
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.timeout(60)
+def test_a_private_url_fails_at_once_and_never_prompts(tmp_path: Path) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _AuthRequired)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(GitError) as info:
+            gitrepo.ensure_clone(f"http://127.0.0.1:{server.server_address[1]}/private.git", tmp_path / "cache")
+    finally:
+        server.shutdown()
+        server.server_close()
+    # git's own words for GIT_TERMINAL_PROMPT=0, in the C locale.
+    assert "terminal prompts disabled" in str(info.value)
