@@ -125,7 +125,7 @@ def test_ensure_clone_from_a_local_url(repo: dict, tmp_path: Path) -> None:
 
 
 class _AuthRequired(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802  (the name http.server calls)
+    def do_GET(self) -> None:
         self.send_response(401)
         self.send_header("WWW-Authenticate", 'Basic realm="private"')
         self.send_header("Content-Length", "0")
