@@ -37,7 +37,7 @@ from typing import Any
 import filelock
 import yaml
 
-from sweeper import gitrepo
+from sweeper import files, gitrepo
 from sweeper.errors import ConfigError, GitError, InstallError
 from sweeper.matrix import Install
 
@@ -122,7 +122,7 @@ def prepare(install: Install, commit: str, sha: str | None, *, base_dir: Path,
                 _remove_root(root)
                 raise
             meta["size_bytes"] = _du(root)
-            _write_meta(root, meta)
+            files.write_json(root / META, meta)  # last: the environment is complete once it exists
         else:
             os.utime(root / META)  # least-recently-used bookkeeping
     installed = with_launch(_installed(meta, root), install.launch)
@@ -453,12 +453,6 @@ def _read_meta(root: Path) -> dict[str, Any] | None:
         return json.loads((root / META).read_text())
     except (OSError, ValueError):
         return None
-
-
-def _write_meta(root: Path, meta: Mapping[str, Any]) -> None:
-    tmp = root / (META + ".tmp")
-    tmp.write_text(json.dumps(meta, indent=1, sort_keys=True))
-    os.replace(tmp, root / META)
 
 
 def _du(root: Path) -> int:

@@ -15,8 +15,8 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from sweeper import files
 from sweeper.environments import Installed
-from sweeper.vllm.flags import cache_lock, write_text_atomic
 
 CACHE_FILE = "fingerprint.json"
 # Reads torch's version without importing vLLM; torch's import is the slow part (a few seconds).
@@ -60,39 +60,40 @@ def collect(installed: Installed) -> dict[str, object]:
     return fingerprint(installed).as_dict()
 
 
+class _ProbeFailed(Exception):
+    """The environment's Python did not answer: this time's fingerprint lacks torch and CUDA, and
+    nothing is cached, so the next group asks again."""
+
+
 def _cached_env_part(installed: Installed, timeout: float) -> dict[str, str | None]:
     cache = Path(installed.root) / CACHE_FILE if installed.root else None
-    if cache is None:
-        return _probe(installed, timeout)
-    if (cached := _read(cache)) is not None:
-        return cached
-    # Groups of one commit finish together: under the lock only the first probe imports torch.
-    with cache_lock(cache, timeout):
-        if (cached := _read(cache)) is not None:
-            return cached
-        part = _probe(installed, timeout)
-        write_text_atomic(cache, json.dumps(part))
-    return part
-
-
-def _read(cache: Path) -> dict[str, str | None] | None:
     try:
-        data = json.loads(cache.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+        # Groups of one commit finish together: under the lock only the first probe imports torch.
+        return files.cached_json(cache, lambda: _probe(installed, timeout), decode=_decode, encode=dict,
+                                 timeout=timeout)
+    except _ProbeFailed:
+        return {"torch": None, "cuda": None}
+
+
+def _decode(data: object) -> dict[str, str | None]:
+    if not isinstance(data, dict) or not all(v is None or isinstance(v, str) for v in data.values()):
+        raise ValueError("not a fingerprint")
+    return {str(k): v for k, v in data.items()}
 
 
 def _probe(installed: Installed, timeout: float) -> dict[str, str | None]:
     part: dict[str, str | None] = {"torch": None, "cuda": None}
-    if installed.python:
-        try:
-            proc = subprocess.run([installed.python, "-c", _PROBE], capture_output=True, text=True, timeout=timeout,
-                                  env={**os.environ, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}, check=False)
-            if proc.returncode == 0:
-                part.update(json.loads(proc.stdout.strip().splitlines()[-1]))
-        except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
-            pass
+    if not installed.python:
+        return part  # nothing to ask: a known answer, cached like any other
+    try:
+        proc = subprocess.run([installed.python, "-c", _PROBE], capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")},
+                              check=False)
+        if proc.returncode != 0:
+            raise _ProbeFailed(f"exit code {proc.returncode}")
+        part.update(_decode(json.loads(proc.stdout.strip().splitlines()[-1])))
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as exc:
+        raise _ProbeFailed(str(exc)) from exc
     return part
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from sweeper import __version__, analysis
+from sweeper import __version__, analysis, files
 from sweeper.bugreport import REDACTED, Redactor, log_lines
 from sweeper.explain import Classified, Explanation, Verdict, classify, describe, display_axis, value_text
 from sweeper.stats import wilson
@@ -515,8 +515,5 @@ def render(run: RunDir) -> str:
 
 def write(run: RunDir, path: Path) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(render(run), encoding="utf-8")
-    tmp.replace(path)
+    files.write_text(path, render(run))
     return path

@@ -8,10 +8,8 @@ knows exactly which groups are done: a group is done when its cells file exists 
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -21,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sweeper import __version__
+from sweeper import __version__, files
 from sweeper.errors import StoreError
 
 SCHEMA_VERSION = 1
@@ -160,24 +158,12 @@ def table(rows: Iterable[Mapping[str, Any]], schema: pa.Schema) -> pa.Table:
 
 
 def write_atomic(tbl: pa.Table, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    with files.replacing(path) as tmp:
         pq.write_table(tbl, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_json_atomic(data: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True, default=str)
-        f.write("\n")
-    os.replace(tmp, path)
+    files.write_json(path, data)
 
 
 @dataclass(frozen=True)

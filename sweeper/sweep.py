@@ -7,11 +7,13 @@ results as it finishes, and summarises. `--resume` runs only the groups without 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,13 +74,18 @@ def sim_repo(spec: str, cache: Path) -> Path:
     target = cache / f"sim-{scenario}"
     if not (target / ".git").exists():
         cache.mkdir(parents=True, exist_ok=True)
-        tmp = cache / f".sim-{scenario}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        done = subprocess.run([sys.executable, "-m", "sweeper.sim", "make-repo", str(tmp), "--scenario", scenario],
-                              capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise ConfigError(f"cannot make the simulated history {spec!r}: {done.stderr.strip()[-300:]}")
-        tmp.rename(target)
+        # Made in a folder of its own and renamed into place: two runs starting together each make
+        # one, the first rename wins and the other is dropped.
+        work = Path(tempfile.mkdtemp(prefix=f".sim-{scenario}.", dir=cache))
+        try:
+            done = subprocess.run([sys.executable, "-m", "sweeper.sim", "make-repo", str(work / "repo"), "--scenario",
+                                   scenario], capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise ConfigError(f"cannot make the simulated history {spec!r}: {done.stderr.strip()[-300:]}")
+            with contextlib.suppress(OSError):  # another run was first
+                (work / "repo").rename(target)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     return target
 
 

@@ -7,19 +7,16 @@ cached in the environment's folder. A flag the version lacks is translated where
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import subprocess
-import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import filelock
-
+from sweeper import files
 from sweeper.environments import Installed
 from sweeper.errors import ConfigError
 from sweeper.matrix import Cell
@@ -97,52 +94,11 @@ def supported_flags(installed: Installed, *, timeout: float = HELP_TIMEOUT_S, re
     """Ask the environment's vLLM for its flags (`<launch> --help`), cached in its folder.
 
     Groups of one commit start together on a node: under the folder's lock only the first runs
-    `--help` (on real vLLM it imports torch, ~10 s); the others read what it wrote."""
+    `--help` (on real vLLM it imports torch, ~10 s); the others read what it wrote. A `--help` that
+    fails or times out raises and is not cached."""
     cache = Path(installed.root) / FLAGS_FILE if installed.root else None
-    if cache is None:
-        return _ask_help(installed, timeout)
-    if not refresh and (cached := _read_flags(cache)) is not None:
-        return cached
-    with cache_lock(cache, timeout):
-        if not refresh and (cached := _read_flags(cache)) is not None:
-            return cached
-        flags = _ask_help(installed, timeout)
-        write_text_atomic(cache, json.dumps(flags.to_json()))
-    return flags
-
-
-@contextlib.contextmanager
-def cache_lock(cache: Path, timeout: float) -> Iterator[None]:
-    """The lock beside a per-environment cache file. A holder that outlives `timeout` plus a margin
-    is stuck: the waiter then fills the cache itself rather than waiting forever."""
-    lock = filelock.FileLock(f"{cache}.lock", timeout=timeout + 60)
-    try:
-        lock.acquire()
-    except filelock.Timeout:
-        yield
-        return
-    try:
-        yield
-    finally:
-        lock.release()
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _read_flags(cache: Path) -> FlagSet | None:
-    try:
-        return FlagSet.from_json(json.loads(cache.read_text()))
-    except (OSError, ValueError, KeyError):
-        return None
+    return files.cached_json(cache, lambda: _ask_help(installed, timeout), decode=FlagSet.from_json,
+                             encode=FlagSet.to_json, timeout=timeout, refresh=refresh)
 
 
 def _ask_help(installed: Installed, timeout: float) -> FlagSet:

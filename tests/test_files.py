@@ -1,0 +1,73 @@
+"""Atomic writes and per-environment caches: real files, real subprocesses standing in for vLLM."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from sweeper import files, fingerprint
+from sweeper.environments import Installed
+from sweeper.errors import ConfigError
+from sweeper.vllm import supported_flags
+
+HELP = "usage: vllm serve [-h] [--port PORT] [--max-model-len MAX_MODEL_LEN]\n"
+
+
+def script(path: Path, body: str) -> str:
+    path.write_text(f"#!{sys.executable}\nimport sys, time\n{body}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path) -> None:
+    target = tmp_path / "meta.json"
+    files.write_json(target, {"a": 1})
+    with pytest.raises(RuntimeError), files.replacing(target) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("killed mid-write")
+    assert json.loads(target.read_text()) == {"a": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["meta.json"]
+
+
+def test_concurrent_writers_never_share_a_temporary(tmp_path: Path) -> None:
+    target = tmp_path / "x.txt"
+    with files.replacing(target) as first, files.replacing(target) as second:
+        assert first != second and first.parent == second.parent == tmp_path
+        first.write_text("first")
+        second.write_text("second")
+    assert target.read_text() == "first"  # the outer block ends last: its file is the one left
+
+
+def test_a_fingerprint_probe_that_times_out_is_not_cached(tmp_path: Path) -> None:
+    root = tmp_path / "env"
+    root.mkdir()
+    slow = script(tmp_path / "slow", "time.sleep(30)")
+    got = fingerprint.fingerprint(Installed(commit="c", sha=None, launch=("x",), python=slow, root=str(root)),
+                                  timeout=0.5)
+    assert got.torch_version is None and not (root / fingerprint.CACHE_FILE).exists()
+    broken = script(tmp_path / "broken", "sys.exit(3)")
+    fingerprint.fingerprint(Installed(commit="c", sha=None, launch=("x",), python=broken, root=str(root)))
+    assert not (root / fingerprint.CACHE_FILE).exists()
+    # The next group asks again, and a good answer is kept.
+    good = script(tmp_path / "good", 'print(\'{"torch": "2.9.0", "cuda": "13.0"}\')')
+    got = fingerprint.fingerprint(Installed(commit="c", sha=None, launch=("x",), python=good, root=str(root)))
+    assert got.torch_version == "2.9.0"
+    assert json.loads((root / fingerprint.CACHE_FILE).read_text()) == {"torch": "2.9.0", "cuda": "13.0"}
+
+
+def test_a_help_that_fails_or_times_out_is_not_cached(tmp_path: Path) -> None:
+    root = tmp_path / "env"
+    root.mkdir()
+    slow = script(tmp_path / "slow", "time.sleep(30)")
+    with pytest.raises(ConfigError, match="timed out"):
+        supported_flags(Installed(commit="c", sha=None, launch=(slow,), root=str(root)), timeout=0.5)
+    failing = script(tmp_path / "failing", "print('ImportError: no torch'); sys.exit(1)")
+    with pytest.raises(ConfigError, match="no --port flag"):
+        supported_flags(Installed(commit="c", sha=None, launch=(failing,), root=str(root)))
+    assert sorted(p.name for p in root.iterdir() if not p.name.endswith(".lock")) == []
+    good = script(tmp_path / "good", f"print({HELP!r})")
+    assert "--max-model-len" in supported_flags(Installed(commit="c", sha=None, launch=(good,), root=str(root)))
+    assert (root / "flags.json").exists()
