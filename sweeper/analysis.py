@@ -147,6 +147,14 @@ def load_cells(run: RunDir, columns: Sequence[str] | None = None,
     return _frame(load_table(run, "cells", columns, filter))
 
 
+def server_starts(cells: pd.DataFrame) -> int:
+    """The servers started for these cell rows. A group's cells share its server, and each of its
+    rows carries the group's count: counted once per group, never summed over cells."""
+    if cells.empty:
+        return 0
+    return int(cells.groupby(["run_id", "group_id"])["server_starts"].max().sum())
+
+
 def duckdb_connect(runs_dir: Path) -> Any:
     """A DuckDB connection with `samples`, `cells` and `probes` views over every run under `runs_dir`."""
     import duckdb

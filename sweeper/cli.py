@@ -180,10 +180,13 @@ def cache_list(cache_dir: Annotated[Optional[Path], typer.Option(help="Cache fol
 
     Example: sweep cache list
     """
-    from sweeper import environments
+    from sweeper import environments, report
 
-    for info in environments.list_environments(cache_dir):
-        out.print(info.describe() if hasattr(info, "describe") else str(info))
+    envs = environments.list_environments(cache_dir)
+    if not envs:
+        out.print(f"no cached environments in {cache_dir or environments.default_cache_dir()}")
+        return
+    out.print(report.environments_table(envs))
 
 
 @cache_app.command("clear")

@@ -60,7 +60,7 @@ _EFFECTIVE_ONLY = {
 EFFECTIVE_SUFFIX = " (effective)"
 
 
-class Verdict(str, enum.Enum):
+class Verdict(enum.StrEnum):
     EXPLAINED = "explained"
     NOT_IDENTIFIABLE = "not identifiable"  # several conjunctions select the same cells
     EVERYWHERE = "every setting"  # no setting matters: it fails alike in every cell of its commits

@@ -25,6 +25,7 @@ import pandas as pd
 
 from sweeper import __version__, analysis, files
 from sweeper.bugreport import REDACTED, Redactor, log_lines
+from sweeper.runner import Status
 from sweeper.explain import Classified, Explanation, Verdict, classify, describe, display_axis, value_text
 from sweeper.stats import wilson
 from sweeper.store import RunDir
@@ -212,7 +213,7 @@ def heatmap_svg(r: _Run, title: str, counts: Mapping[str, tuple[int, int]], mode
             raw = row.get("effective_differs")
             differs = [str(d) for d in raw] if raw is not None else []
             rate = k / n if n else None
-            fill = color(rate) if status == "ok" or n else "#d9d2e9"
+            fill = color(rate) if status == Status.OK or n else "#d9d2e9"
             ink = "#fff" if rate is not None and rate > 0.45 else "#222"
             text = (f"{k}/{n}" if n else status) + (" *" if differs else "")
             ran = f"; ran another {', '.join(differs)} than requested" if differs else ""
@@ -293,8 +294,8 @@ def _cell(r: _Run, row: Mapping[str, Any], samples: pd.DataFrame, modes: Sequenc
     config = ('<table class="grid"><tr><th></th><th>requested</th><th>effective</th></tr>' + "".join(req_rows) + "</table>")
     spec = '<table class="kv">' + "".join(f"<tr><th>{esc(a)}</th><td>{esc(_fmt(row.get(c)))}</td></tr>" for a, c in _SPEC) \
         + "</table>"
-    body = [f'<div class="cols"><div><h4>Configuration</h4>{config}</div><div><h4>Spec decode and timing</h4>{spec}</div></div>']
-    if status != "ok" or _text(row.get("status_detail")):
+    body = [f'<div class="cols"><div><h4>Configuration</h4>{config}</div><div><h4>Spec decode (server group) and timing</h4>{spec}</div></div>']
+    if status != Status.OK or _text(row.get("status_detail")):
         body.append(f'<h4>Status</h4><p>{esc(row.get("status_detail"))}</p>')
         if _text(row.get("log_tail")):
             body.append(f'<pre class="log">{esc(row.get("log_tail"))}</pre>')

@@ -1,7 +1,10 @@
-"""Prometheus `/metrics` of a server: parse, difference two scrapes, and the per-cell figures.
+"""Prometheus `/metrics` of a server: parse, difference two scrapes, and the spec-decode figures.
 
-Counters are cumulative over the server's life; a cell's figures are the difference between a scrape
-before and after its requests. Parsing is `prometheus_client`'s text parser.
+Counters are cumulative over the server's life. The runner scrapes once before a server group's
+replay and once after it, so the figures cover every request of the group: the cells of one group
+share a server and their requests are interleaved, so a figure per cell would need a replay per
+cell. Each cell row of the group carries the group's figures (the `spec_*` columns say so).
+Parsing is `prometheus_client`'s text parser.
 """
 
 from __future__ import annotations
@@ -63,7 +66,9 @@ def by_label(samples: Samples, name: str, label: str) -> dict[str, float]:
 
 
 @dataclass(frozen=True)
-class CellMetrics:
+class GroupMetrics:
+    """The figures of the requests sent between two scrapes (for the runner: a whole server group)."""
+
     drafts: float = 0.0
     draft_tokens: float = 0.0
     accepted_tokens: float = 0.0
@@ -72,15 +77,15 @@ class CellMetrics:
     accepted_per_position: tuple[float, ...] = ()  # acceptance rate at draft position 0, 1, ...
     finished: Mapping[str, float] = field(default_factory=dict)  # requests by finished_reason
 
-    def as_dict(self) -> dict[str, object]:
+    def columns(self) -> dict[str, float | list[float] | None]:
+        """The `spec_*` columns of a cell row."""
         return {"spec_drafts": self.drafts, "spec_draft_tokens": self.draft_tokens,
                 "spec_accepted_tokens": self.accepted_tokens, "spec_acceptance_rate": self.acceptance_rate,
                 "spec_mean_acceptance_length": self.mean_acceptance_length,
-                "spec_accepted_per_position": list(self.accepted_per_position),
-                "finished": dict(self.finished)}
+                "spec_accepted_per_position": list(self.accepted_per_position)}
 
 
-def cell_metrics(before: str | Samples, after: str | Samples) -> CellMetrics:
+def group_metrics(before: str | Samples, after: str | Samples) -> GroupMetrics:
     """The figures for the requests sent between two scrapes (texts or parsed samples)."""
     b = parse(before) if isinstance(before, str) else before
     a = parse(after) if isinstance(after, str) else after
@@ -89,16 +94,8 @@ def cell_metrics(before: str | Samples, after: str | Samples) -> CellMetrics:
     per_pos = by_label(d, ACCEPTED_PER_POS, "position")
     positions = tuple(per_pos[p] / drafts if drafts else 0.0 for p in sorted(per_pos, key=int))
     finished = {k: v for k, v in by_label(d, SUCCESS, "finished_reason").items() if v}
-    return CellMetrics(
+    return GroupMetrics(
         drafts=drafts, draft_tokens=draft_tokens, accepted_tokens=accepted,
         acceptance_rate=accepted / draft_tokens if draft_tokens else None,
         mean_acceptance_length=1 + accepted / drafts if drafts else None,
         accepted_per_position=positions, finished=finished)
-
-
-def spec_decode(before: str | Samples, after: str | Samples) -> dict[str, object]:
-    """`cell_metrics` as a flat dict: drafts, draft_tokens, accepted_tokens, acceptance_rate, ..."""
-    m = cell_metrics(before, after)
-    return {"drafts": m.drafts, "draft_tokens": m.draft_tokens, "accepted_tokens": m.accepted_tokens,
-            "acceptance_rate": m.acceptance_rate, "mean_acceptance_length": m.mean_acceptance_length,
-            "accepted_per_position": list(m.accepted_per_position), "finished": dict(m.finished)}

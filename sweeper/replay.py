@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from enum import StrEnum
 from typing import Any
 
 import httpx
@@ -41,12 +42,20 @@ class Reply:
     timed_out: bool = False
 
 
+class Abort(StrEnum):
+    """Why a replay stopped before every request was answered."""
+
+    CRASHED = "crashed"  # the server process exited
+    TIMEOUT = "timeout"  # every slot waited a full request timeout: the server hangs
+    DEADLINE = "deadline"  # the caller's deadline (the group's `timeouts.group_s`) passed
+
+
 @dataclass(frozen=True)
 class ReplayOutcome:
     replies: tuple[Reply, ...]
-    # Requests never sent because the server hung or died (not counted as samples).
+    # Requests never sent because the server hung or died, or cut off by the deadline (not samples).
     unsent: int
-    aborted: str | None
+    aborted: Abort | None
 
 
 async def _send(client: httpx.AsyncClient, url: str, req: Request, timeout_s: float) -> Reply:
@@ -161,41 +170,55 @@ class _StreamAccumulator:
 
 async def replay(base_url: str, api_key: str, requests: Sequence[Request], *, concurrency: int,
                  timeout_s: float, alive: Callable[[], bool] = lambda: True,
-                 on_reply: Callable[[Reply], None] | None = None) -> ReplayOutcome:
-    """Send `requests`; stop sending when the server dies or every slot is stuck on a timeout."""
+                 on_reply: Callable[[Reply], None] | None = None, deadline: float | None = None) -> ReplayOutcome:
+    """Send `requests`; stop sending when the server dies or every slot is stuck on a timeout.
+
+    `deadline` (a `time.monotonic()` value): nothing is sent after it, and a request still waiting
+    then is cut off; cut-off requests are not replies (they count as unsent)."""
     url = f"{base_url}/v1/chat/completions"
     queue: asyncio.Queue[Request] = asyncio.Queue()
     for req in requests:
         queue.put_nowait(req)
     replies: list[Reply] = []
-    state = {"consecutive_timeouts": 0, "aborted": None}
+    consecutive_timeouts, cut = 0, 0
+    aborted: Abort | None = None
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     auth = {"Authorization": f"Bearer {api_key}"}
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits, headers=auth) as client:
 
         async def worker() -> None:
-            while state["aborted"] is None:
+            nonlocal consecutive_timeouts, cut, aborted
+            while aborted is None:
+                budget = timeout_s if deadline is None else min(timeout_s, deadline - time.monotonic())
+                if budget <= 0:
+                    aborted = Abort.DEADLINE
+                    return
                 try:
                     req = queue.get_nowait()
                 except asyncio.QueueEmpty:
                     return
-                reply = await _send(client, url, req, timeout_s)
+                reply = await _send(client, url, req, budget)
+                if reply.timed_out and budget < timeout_s:
+                    # Cut off by the deadline, not by the server's slowness: not a sample.
+                    aborted = aborted or Abort.DEADLINE
+                    cut += 1
+                    continue
                 if reply.timed_out:
-                    state["consecutive_timeouts"] += 1
+                    consecutive_timeouts += 1
                 elif reply.http_status is not None:
-                    state["consecutive_timeouts"] = 0
+                    consecutive_timeouts = 0
                 if not alive():
-                    state["aborted"] = "crashed"
+                    aborted = Abort.CRASHED
                     # A request cut off by the crash is still a sample: it saw the failure.
-                elif state["consecutive_timeouts"] >= concurrency:
+                elif consecutive_timeouts >= concurrency:
                     # Every slot waited a full timeout with no answer in between: the server hangs.
-                    state["aborted"] = "timeout"
+                    aborted = Abort.TIMEOUT
                 replies.append(reply)
                 if on_reply:
                     on_reply(reply)
 
         await asyncio.gather(*(worker() for _ in range(max(1, min(concurrency, len(requests))))))
-    return ReplayOutcome(tuple(replies), queue.qsize(), state["aborted"])
+    return ReplayOutcome(tuple(replies), queue.qsize() + cut, aborted)
 
 
 def run_replay(base_url: str, api_key: str, requests: Sequence[Request], **kwargs: Any) -> ReplayOutcome:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -10,8 +11,10 @@ import pandas as pd
 from rich.table import Table
 
 from sweeper import gitrepo
+from sweeper.environments import EnvInfo
 from sweeper.errors import SweepError
 from sweeper.matrix import resolve_path
+from sweeper.runner import Status
 from sweeper.stats import wilson
 from sweeper.store import RunDir
 
@@ -47,6 +50,10 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+_STATUS_STYLE = {Status.OK: "", Status.INSTALL_FAILED: "magenta", Status.SERVER_FAILED: "magenta",
+                 Status.TIMEOUT: "yellow", Status.CRASHED: "red"}
+
+
 def cells_table(cells: pd.DataFrame, *, title: str = "", commit_order: Sequence[str] = ()) -> Table:
     """One row per cell: the axes that vary, status, failures with a Wilson 95% interval; commits in
     history order (`commit_order`, oldest first; others after them)."""
@@ -63,11 +70,10 @@ def cells_table(cells: pd.DataFrame, *, title: str = "", commit_order: Sequence[
     rows = cells.sort_values(order, key=lambda s: _sort_key(s, commit_order)) if order else cells
     for _, row in rows.iterrows():
         status = row["status"]
-        style = {"ok": "", "install_failed": "magenta", "server_failed": "magenta", "timeout": "yellow",
-                 "crashed": "red"}.get(status, "")
+        style = _STATUS_STYLE.get(status, "")
         n, k = int(row["n_samples"] or 0), int(row["n_failed"] or 0)
         rate = fmt_rate(k, n)
-        if k and status == "ok":
+        if k and status == Status.OK:
             rate = f"[red]{rate}[/red]"
         top = sorted(row["failed_checks"] or [], key=lambda kv: -kv[1])
         checks = ", ".join(f"{name}×{count}" for name, count in top)
@@ -75,6 +81,38 @@ def cells_table(cells: pd.DataFrame, *, title: str = "", commit_order: Sequence[
         table.add_row(*[_fmt(row.get(a)) for a in axes], f"[{style}]{status}[/{style}]" if style else status,
                       f"{k}/{n}", rate, checks, f"[yellow]{differs}[/yellow]" if differs else "")
     return table
+
+
+def environments_table(envs: Iterable[EnvInfo], *, now: float | None = None) -> Table:
+    """`sweep cache list`: one row per cached environment, least recently used first."""
+    now = time.time() if now is None else now
+    table = Table(show_lines=False)
+    for name in ("key", "kind", "commit", "vLLM"):
+        table.add_column(name, overflow="fold")
+    table.add_column("size", justify="right")
+    table.add_column("last used", justify="right")
+    table.add_column("state")
+    for e in sorted(envs, key=lambda e: e.last_used):
+        commit = e.commit if not e.sha or e.sha.startswith(e.commit) else f"{e.commit} ({e.sha[:12]})"
+        state = "in use" if e.in_use else ("ready" if e.complete else "incomplete")
+        table.add_row(e.key, e.kind, commit, e.version or "·", _size(e.size_bytes), _ago(now - e.last_used), state)
+    return table
+
+
+def _size(n: int) -> str:
+    value, unit = float(n), "B"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if value < 1000 or unit == "TB":
+            break
+        value /= 1000
+    return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+
+
+def _ago(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit} ago"
+    return "just now"
 
 
 def _sort_key(values: pd.Series, commit_order: Sequence[str]) -> pd.Series:

@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Self
 
@@ -26,7 +27,7 @@ from sweeper import environments, fingerprint, metrics, vllm
 from sweeper.checks import Exchange, run_checks
 from sweeper.errors import InstallError, ServerError, SweepError
 from sweeper.matrix import Cell, MatrixFile, ServerGroup, canonical
-from sweeper.replay import Reply, Request, run_replay
+from sweeper.replay import Abort, Reply, Request, run_replay
 from sweeper.server import ServerProcess, free_port, new_api_key, tail
 from sweeper.stats import wilson
 from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, table
@@ -43,7 +44,9 @@ _DROP_ENV = re.compile(r"^(RAY_|PYTEST_|COV_)")
 CRASH_GRACE_S = 5.0
 
 
-class Status:
+class Status(StrEnum):
+    """A cell's outcome; stored in Parquet as the string value."""
+
     OK = "ok"
     INSTALL_FAILED = "install_failed"
     SERVER_FAILED = "server_failed"
@@ -73,13 +76,13 @@ class GroupResult:
     group_id: str
     samples: pa.Table
     cells: pa.Table
-    statuses: dict[str, str] = field(default_factory=dict)
+    statuses: dict[str, Status] = field(default_factory=dict)
     # Seconds per phase (install, startup, replay, postprocess, total) on the worker: benchmarks
     # and the driver's schedule read them; they are not stored.
     timings: dict[str, float] = field(default_factory=dict)
 
     @property
-    def status(self) -> str:
+    def status(self) -> Status:
         return next(iter(self.statuses.values()), Status.OK)
 
 
@@ -141,7 +144,7 @@ def run_group(job: GroupJob) -> GroupResult:
                                          base_dir=Path(job.matrix_dir),
                                          cache_dir=Path(job.cache_dir) if job.cache_dir else None)
     except (InstallError, SweepError) as exc:
-        return base.failed(Status.INSTALL_FAILED, str(exc), "", time.monotonic() - t_start, started=False)
+        return base.failed(Status.INSTALL_FAILED, str(exc), "", time.monotonic() - t_start)
     words = crash.setting_words(group.head.values, group.head.serve, group.head.env)
     timings = {"install": time.monotonic() - t_start}
     base.version = installed.version
@@ -153,10 +156,19 @@ def run_group(job: GroupJob) -> GroupResult:
                                     supported=vllm.supported_flags(installed))
     except SweepError as exc:
         # A flag this version cannot take: reported before any server (or GPU time) is spent.
-        return base.failed(Status.SERVER_FAILED, str(exc), "", time.monotonic() - t_start, started=False)
+        return base.failed(Status.SERVER_FAILED, str(exc), "", time.monotonic() - t_start)
+    # timeouts.group_s bounds the whole group on the worker: start-up and replay stop at its deadline
+    # (an install under way is not cut short, but a group already past its time starts no server).
+    startup_s, group_s = job.spec.timeouts.startup_s, job.spec.timeouts.group_s
+    deadline = t_start + group_s if group_s is not None else None
+    if deadline is not None:
+        if time.monotonic() >= deadline:
+            return base.failed(Status.TIMEOUT, f"timeouts.group_s ({group_s:g}s) ran out before the server "
+                                               "started", "", time.monotonic() - t_start)
+        startup_s = min(startup_s, deadline - time.monotonic())
     server = ServerProcess(launch.argv, server_env(launch.env), port=port, log_path=log_path,
-                           startup_timeout_s=job.spec.timeouts.startup_s,
-                           pid_file=Path(job.log_dir) / f"{group.group_id}.pgid")
+                           startup_timeout_s=startup_s, pid_file=Path(job.log_dir) / f"{group.group_id}.pgid")
+    base.server = server
     requests = build_requests(job, cells)
     live = _LiveJudge(base, requests, log_path)
     try:
@@ -167,7 +179,7 @@ def run_group(job: GroupJob) -> GroupResult:
             before = metrics.scrape(server.base_url, api_key)
             outcome = run_replay(server.base_url, api_key, [r for _, _, r in requests],
                                  concurrency=job.spec.concurrency, timeout_s=job.spec.timeouts.request_s,
-                                 alive=server.alive, on_reply=live.on_reply)
+                                 alive=server.alive, on_reply=live.on_reply, deadline=deadline)
             alive_after = server.alive()
             log_text = server.log_text()
             # The engine can be dead while the API server still runs: the log or the answers say so.
@@ -187,12 +199,14 @@ def run_group(job: GroupJob) -> GroupResult:
         signature = f"refused: {reason[:300]}" if exc.status == Status.SERVER_FAILED \
             and crash.refusal_names_settings(reason, words) else None
         detail = f"{exc}: {reason}" if reason and reason not in str(exc) else str(exc)
-        return base.failed(exc.status, detail, log, time.monotonic() - t_start, started=True,
-                           signature=signature)
+        if deadline is not None and time.monotonic() >= deadline:
+            return base.failed(Status.TIMEOUT, f"timeouts.group_s ({group_s:g}s) ran out during start-up: {detail}",
+                               log, time.monotonic() - t_start)
+        return base.failed(Status(exc.status), detail, log, time.monotonic() - t_start, signature=signature)
     t_post = time.monotonic()
     timings["startup"] = base.startup_s or 0.0
     status, detail, signature = Status.OK, "", None
-    if outcome.aborted == "crashed" or not alive_after or died:
+    if outcome.aborted == Abort.CRASHED or not alive_after or died:
         status = Status.CRASHED
         cause = crash.root_cause(log_text)
         exited = "the server still ran (stopped by the sweeper)" if alive_after \
@@ -200,13 +214,17 @@ def run_group(job: GroupJob) -> GroupResult:
         detail = (f"engine died: {cause.describe()}; " if cause else "") + \
             f"{exited} during replay; {outcome.unsent} requests not sent"
         signature = cause.signature if cause else "engine died (no traceback in the log)"
-    elif outcome.aborted == "timeout":
+    elif outcome.aborted == Abort.TIMEOUT:
         status = Status.TIMEOUT
         detail = f"requests stopped answering; {outcome.unsent} requests not sent"
+    elif outcome.aborted == Abort.DEADLINE:
+        status = Status.TIMEOUT
+        detail = f"timeouts.group_s ({group_s:g}s) ran out; {outcome.unsent} requests not sent or cut off"
     elif any(r.timed_out for r in outcome.replies):
         detail = f"{sum(r.timed_out for r in outcome.replies)} requests timed out"
     effective = vllm.effective_config(log_text)
-    spec_figures = metrics.spec_decode(before, after) if after is not None else {}
+    # One scrape before and one after the group's replay: the figures are the group's (see metrics).
+    spec_figures = metrics.group_metrics(before, after).columns() if after is not None else {}
     finger = fingerprint.collect(installed)
     judged = live.finish(outcome.replies, log_text)
     samples: list[dict[str, Any]] = []
@@ -319,6 +337,7 @@ class _CellBase:
         self.job, self.cells = job, cells
         self.version: str | None = None
         self.startup_s: float | None = None
+        self.server: ServerProcess | None = None  # the group's server, once made: it counts its starts
         self.node = socket.gethostname()
         self._common: dict[str, dict[str, Any]] = {}
 
@@ -362,7 +381,7 @@ class _CellBase:
             "started_at": reply.started_at,
         }
 
-    def cell_row(self, cell: Cell, samples: Sequence[Mapping[str, Any]], *, status: str, detail: str,
+    def cell_row(self, cell: Cell, samples: Sequence[Mapping[str, Any]], *, status: Status, detail: str,
                  log_tail: str, duration: float, effective: Any = None, spec: Mapping[str, Any] | None = None,
                  finger: Mapping[str, Any] | None = None, signature: str | None = None) -> dict[str, Any]:
         n = len(samples)
@@ -383,7 +402,6 @@ class _CellBase:
             }
         latencies = [s["latency_s"] for s in samples if s["http_status"] == 200]
         ttfts = [s["ttft_s"] for s in samples if s["ttft_s"] is not None]
-        spec = spec or {}
         finger = finger or {}
         return {
             **self.common(cell), "status": status, "status_detail": detail, "failure_signature": signature,
@@ -392,27 +410,21 @@ class _CellBase:
             "ci_low": low, "ci_high": high, "failed_checks": list(failed_checks.items()),
             "startup_s": self.startup_s, "duration_s": duration,
             "gpu_seconds": duration * self.job.spec.gpus_per_cell / max(1, len(self.cells)),
-            "server_starts": 1, "node": self.node,
+            "server_starts": self.server.starts if self.server else 0, "node": self.node,
             **eff, "effective_differs": differs,
             "vllm_version": self.version or finger.get("vllm_version"),
             "torch_version": finger.get("torch_version"), "cuda_version": finger.get("cuda_version"),
             "gpu_name": finger.get("gpu_name"), "gpu_driver": finger.get("gpu_driver"),
             "cpu_model": finger.get("cpu_model"), "hostname": finger.get("hostname") or self.node,
-            "spec_drafts": spec.get("drafts"), "spec_draft_tokens": spec.get("draft_tokens"),
-            "spec_accepted_tokens": spec.get("accepted_tokens"),
-            "spec_acceptance_rate": spec.get("acceptance_rate"),
-            "spec_mean_acceptance_length": spec.get("mean_acceptance_length"),
-            "spec_accepted_per_position": spec.get("accepted_per_position"),
+            **(spec or {}),
             "ttft_p50_s": statistics.median(ttfts) if ttfts else None,
             "latency_p50_s": statistics.median(latencies) if latencies else None,
         }
 
-    def failed(self, status: str, detail: str, log_tail: str, duration: float, *, started: bool,
+    def failed(self, status: Status, detail: str, log_tail: str, duration: float, *,
                signature: str | None = None) -> GroupResult:
         rows = [self.cell_row(c, [], status=status, detail=detail, log_tail=log_tail, duration=duration,
                               signature=signature)
                 for c in self.cells]
-        for row in rows:
-            row["server_starts"] = int(started)
         return GroupResult(self.job.group.group_id, table([], SAMPLE_SCHEMA), table(rows, CELL_SCHEMA),
                            {c.cell_id: status for c in self.cells})

@@ -67,6 +67,7 @@ class ServerProcess:
         self.pid_file = pid_file
         self.proc: subprocess.Popen[bytes] | None = None
         self.startup_s: float | None = None
+        self.starts = 0  # processes started (a start that never became healthy counts too)
 
     @property
     def base_url(self) -> str:
@@ -95,6 +96,7 @@ class ServerProcess:
             raise ServerError(f"cannot start {self.argv[0]}: {exc}", status="server_failed") from None
         finally:
             log.close()
+        self.starts += 1
         self._t0 = time.monotonic()
         if self.pid_file is not None:
             # With the start time, a recycled pid is never mistaken for our server.

@@ -107,7 +107,8 @@ CELL_SCHEMA = pa.schema([
     pa.field("gpu_driver", pa.string()),
     pa.field("cpu_model", pa.string()),
     pa.field("hostname", pa.string()),
-    # Spec-decode figures from the /metrics difference across the cell.
+    # Spec-decode figures from the /metrics difference across the server group's replay: the same on
+    # every cell row of the group (its cells' requests share the server and are interleaved).
     pa.field("spec_drafts", pa.float64()),
     pa.field("spec_draft_tokens", pa.float64()),
     pa.field("spec_accepted_tokens", pa.float64()),

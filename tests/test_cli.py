@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
 from typing import Any
 
 import click
@@ -51,3 +54,19 @@ def test_suite_show_lists_cases() -> None:
     assert result.exit_code == 0
     assert result.output.startswith("thinking-budget: 4 cases")
     assert "first_token_id" in result.output
+
+
+def test_cache_list_is_a_table(tmp_path: Path) -> None:
+    root = tmp_path / "sim-abc-1234"
+    root.mkdir()
+    (root / "blob").write_bytes(b"x" * 2500)
+    (root / "meta.json").write_text(json.dumps({"key": root.name, "kind": "sim", "commit": "v0.28.0", "sha": "f" * 40,
+                                                "version": "0.28.0", "launch": ["x"], "created": 0, "size_bytes": 2500}))
+    result = runner.invoke(app, ["cache", "list", "--cache-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    header, row = [[c.strip() for c in re.split("[│┃]", line)[1:-1]]
+                   for line in result.output.splitlines() if re.search("[│┃]", line)]
+    assert header == ["key", "kind", "commit", "vLLM", "size", "last used", "state"]
+    assert row == ["sim-abc-1234", "sim", "v0.28.0 (ffffffffffff)", "0.28.0", "2.5 KB", "just now", "ready"]
+    empty = runner.invoke(app, ["cache", "list", "--cache-dir", str(tmp_path / "none")])
+    assert empty.output.strip() == f"no cached environments in {tmp_path / 'none'}"

@@ -143,6 +143,9 @@ def test_shipped_matrices_load():
     root = Path(__file__).parent.parent / "matrices"
     demo = load_matrix(root / "demo.yaml")
     assert len(demo.cells) >= 24
+    # The demo itself shows server reuse: its request axis puts two cells on every server.
+    assert len(demo.cells) == 2 * len(demo.groups())
+    assert all(load_matrix(path).spec.install.kind for path in root.glob("*.yaml"))
     assert {c.spec_method for c in demo.cells} >= {"none", "mtp"}
     thor = load_matrix(root / "thor.yaml")
     assert thor.spec.install.kind == "wheels"

@@ -152,9 +152,9 @@ def test_html_report_in_a_real_browser(demo_run: RunDir, tmp_path: Path) -> None
     # The explanation, with the demo's thinking-budget conjunction, is on screen.
     assert "spec_method=mtp ∧ VLLM_USE_V2_MODEL_RUNNER=1" in got["explanation"]
     assert "neither alone fails" in got["explanation"]
-    # One heatmap per failure mode (and one of every failure), 24 cells each, commits in history order.
+    # One heatmap per failure mode (and one of every failure), 48 cells each, commits in history order.
     assert got["heatmaps"] == [f"mode-{i}" for i in range(1, len(explanation.modes) + 1)] + ["all"]
-    assert len(explanation.modes) == 3 and set(got["rects"]) == {24}
+    assert len(explanation.modes) == 3 and set(got["rects"]) == {48}
     assert got["rows"] == ["v0.27.0", "v0.28.0~3", "v0.28.0", "main"]
     # Clicking the failing heatmap cell opened its drill-down (the page's own script).
     assert len(got["opened"]) == 1 and got["opened"][0].startswith("cell-main-mtp4-")
@@ -180,7 +180,7 @@ def test_a_bisect_run_shows_its_changes_and_probes(ray_cluster: None, demo_run: 
 
     outcome = driver.run_bisect(matrix_path=Path(__file__).parent.parent / "matrices" / "demo.yaml", good="v0.28.0",
                                 bad="main", where=["spec_method=mtp", "num_speculative_tokens=4",
-                                                   "env.VLLM_USE_V2_MODEL_RUNNER=1"],
+                                                   "env.VLLM_USE_V2_MODEL_RUNNER=1", "request.temperature=0"],
                                 runs_dir=demo_run.root.parent, run_id=f"bisect-{tmp_path.name}"[:60],
                                 cache_dir=demo_run.root.parent.parent / "cache")
     page = html_report.write(outcome.run, tmp_path / "b.html")

@@ -1,15 +1,18 @@
 """The runner judges replies while the replay runs, from the server log as far as it is written;
-the complete log has the last word. Real matrix, suite, checks and log file; no server needed."""
+the complete log has the last word. Real matrix, suite, checks and log file; no server needed.
+A whole group in-process (a real simulator server) for what the runner counts and bounds."""
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import psutil
 from conftest import make_sim_repo
 
 from sweeper.replay import Reply, Request
-from sweeper.runner import _CellBase, _LiveJudge, build_requests
+from sweeper.runner import GroupJob, Status, _CellBase, _LiveJudge, build_requests, run_group
 from sweeper.store import open_run
 from sweeper.sweep import jobs_for, make_plan
 
@@ -60,3 +63,53 @@ def test_a_log_line_written_after_the_reply_changes_the_verdict(tmp_path: Path, 
     # A request whose lines did not change keeps the verdict reached during the replay.
     assert samples[second.request_id] is judged_live[second.request_id]
     assert len(samples) == len(requests)
+
+
+def _group_job(tmp_path: Path, suite: Path, sim: dict[str, object], extra: str) -> GroupJob:
+    repo = tmp_path / "vllm"
+    make_sim_repo(repo, [("good", sim)])
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(f"name: t\nmodel: m\nsuite: {suite}\ninstall: {{kind: sim, repo: {repo}}}\n{extra}"
+                      "axes: {commit: [good], spec_method: [none], request.temperature: [0, 0.5]}\n")
+    runs = tmp_path / "runs"
+    plan = make_plan(matrix, runs)
+    run = open_run(runs, "r", create=True)
+    (job,) = jobs_for(plan, run, tmp_path / "cache")
+    return job
+
+
+def _holding(folder: Path) -> list[int]:
+    """Processes with a file under `folder` open (a server writes its log there)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if any(f.path.startswith(str(folder)) for f in proc.open_files()):
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_server_starts_are_counted_per_group(tmp_path: Path, tiny_suite: Path) -> None:
+    job = _group_job(tmp_path, tiny_suite, {}, "")
+    result = run_group(job)
+    cells = result.cells.to_pylist()
+    # Two cells (request.temperature) on one server: the group made one start, each row says so.
+    assert [c["status"] for c in cells] == [Status.OK, Status.OK]
+    assert [c["server_starts"] for c in cells] == [1, 1]
+    assert len({c["group_id"] for c in cells}) == 1
+
+
+def test_a_group_past_group_s_ends_as_timeout_with_its_server_stopped(tmp_path: Path, tiny_suite: Path) -> None:
+    # Every answer takes over a minute (64 tokens at 1 s); the group may take 8 s in all. Where the
+    # time runs out (usually in the replay; on a loaded machine maybe in start-up) the group ends there.
+    job = _group_job(tmp_path, tiny_suite, {"token_latency_s": 1.0}, "timeouts: {group_s: 8}\n")
+    t0 = time.monotonic()
+    result = run_group(job)
+    took = time.monotonic() - t0
+    cells = result.cells.to_pylist()
+    assert {c["status"] for c in cells} == {Status.TIMEOUT}
+    assert all(c["status_detail"].startswith("timeouts.group_s (8s) ran out") for c in cells)
+    assert result.samples.num_rows == 0  # requests cut off by the deadline are not samples
+    assert took < 60  # not the minute a single answer would take
+    assert _holding(Path(job.log_dir)) == [] and not list(Path(job.log_dir).glob("*.pgid"))

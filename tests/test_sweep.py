@@ -17,6 +17,7 @@ import pytest
 
 from conftest import make_sim_repo
 from sweeper import analysis
+from sweeper.server import ServerProcess
 from sweeper.store import RunDir
 from sweeper.sweep import run_matrix
 
@@ -52,16 +53,29 @@ axes:
 
 
 def server_groups_alive(run: RunDir) -> list[int]:
-    """Server process groups of this run that still exist (there must be none)."""
+    """Processes that still write into this run (a server's output goes to its log under
+    `logs/`): there must be none once the run is over."""
     alive = []
-    for proc in psutil.process_iter(["pid", "environ"]):
+    for proc in psutil.process_iter():
         try:
-            env = proc.info["environ"] or {}
-        except (psutil.Error, KeyError):
+            if any(f.path.startswith(str(run.root)) for f in proc.open_files()):
+                alive.append(proc.pid)
+        except psutil.Error:
             continue
-        if env.get("SWEEP_SIM_TREE") and str(run.root) in " ".join(proc.cmdline()):
-            alive.append(proc.pid)
     return alive
+
+
+def test_a_live_server_of_the_run_is_seen(tmp_path: Path) -> None:
+    """The check above can fail: a server writing its log into the run is found while it runs."""
+    run = RunDir(tmp_path / "run")
+    server = ServerProcess([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ), port=0,
+                           log_path=run.logs / "g.log", startup_timeout_s=1, grace_s=1)
+    server.start()
+    try:
+        assert server_groups_alive(run) == [server.proc.pid]
+    finally:
+        server.stop()
+    assert server_groups_alive(run) == []
 
 
 @pytest.mark.usefixtures("ray_cluster")
@@ -83,6 +97,8 @@ def test_every_cell_status_one_server_per_key_and_parquet(tmp_path: Path, tiny_s
         assert log.read_text().count("vLLM API server version") == 1, log.name
     assert cells.loc[cells.commit == "broken", "server_starts"].eq(0).all()
     assert cells.loc[cells.commit != "broken", "server_starts"].eq(1).all()
+    # The runner's counts, once per group, are the starts the servers logged: 12 for 28 cells.
+    assert analysis.server_starts(cells) == sum(log.read_text().count("vLLM API server version") for log in logs)
 
     status = cells.groupby("commit")["status"].agg(lambda s: sorted(set(s)))
     assert status.to_dict() == {"good": ["ok"], "flaky": ["ok"], "refuse": ["server_failed"],

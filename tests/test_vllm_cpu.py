@@ -119,7 +119,7 @@ def test_ngram_server_effective_config_metrics_and_request_ids(ngram_server, mod
     assert replies[0].json()["id"] == "chatcmpl-t-json-0"
     assert replies[0].json()["choices"][0]["finish_reason"] == "stop"
 
-    m = metrics.cell_metrics(before, after)
+    m = metrics.group_metrics(before, after)
     assert m.drafts > 0 and m.accepted_tokens > 0 and 0 < m.acceptance_rate <= 1
     assert m.mean_acceptance_length > 1 and len(m.accepted_per_position) == 3
     assert sum(m.finished.values()) == 6

@@ -237,14 +237,14 @@ vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} %
 """
 
 
-def test_metrics_difference_gives_the_cells_figures() -> None:
+def test_metrics_difference_gives_the_groups_figures() -> None:
     before = SCRAPE % {"drafts": 2, "draft_tokens": 4, "accepted": 3, "p0": 2, "p1": 1, "stop": 1, "length": 0}
     after = SCRAPE % {"drafts": 12, "draft_tokens": 24, "accepted": 9, "p0": 8, "p1": 3, "stop": 3, "length": 2}
-    m = metrics.cell_metrics(before, after)
+    m = metrics.group_metrics(before, after)
     assert (m.drafts, m.draft_tokens, m.accepted_tokens) == (10, 20, 6)
     assert m.acceptance_rate == pytest.approx(0.3) and m.mean_acceptance_length == pytest.approx(1.6)
     assert m.accepted_per_position == pytest.approx((0.6, 0.2))
     assert m.finished == {"stop": 2, "length": 2}
-    assert metrics.spec_decode("", before)["drafts"] == 2
-    none = metrics.cell_metrics("", "")
+    assert metrics.group_metrics("", before).columns()["spec_drafts"] == 2
+    none = metrics.group_metrics("", "")
     assert none.acceptance_rate is None and none.mean_acceptance_length is None

@@ -25,6 +25,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from sweeper.cluster import Cluster
 from sweeper.errors import BisectError
 from sweeper.history import History, history_for
 from sweeper.matrix import Cell, Matrix, ServerGroup, canonical, make_cell, with_model_paths
-from sweeper.runner import GroupJob, GroupResult
+from sweeper.runner import GroupJob, GroupResult, Status
 from sweeper.server import kill_leftovers
 from sweeper.store import (
     PROBE_SCHEMA,
@@ -55,6 +56,18 @@ from sweeper.store import (
 )
 from sweeper.suite import Suite
 from sweeper.sweep import load_suites, repo_for, spec_with_repo, sweep_gpus
+
+
+class ProbeStatus(StrEnum):
+    """A probe's outcome for one cell: its cell's status, or MISSING when the probe's group returned
+    no row for the cell. Stored in the probes' Parquet as the string value."""
+
+    OK = Status.OK.value
+    INSTALL_FAILED = Status.INSTALL_FAILED.value
+    SERVER_FAILED = Status.SERVER_FAILED.value
+    TIMEOUT = Status.TIMEOUT.value
+    CRASHED = Status.CRASHED.value
+    MISSING = "missing"
 
 
 @dataclass
@@ -289,7 +302,7 @@ class Bisector:
         for t in targets:
             cells = result.cells.filter(pc.equal(result.cells["settings_key"], t.settings_key))
             samples = result.samples.filter(pc.equal(result.samples["settings_key"], t.settings_key))
-            status = cells.column("status")[0].as_py() if cells.num_rows else "missing"
+            status = ProbeStatus(cells.column("status")[0].as_py()) if cells.num_rows else ProbeStatus.MISSING
             signature = cells.column("failure_signature")[0].as_py() if cells.num_rows else None
             rows_in = list(zip(samples.column("case_id").to_pylist(), samples.column("failed_checks").to_pylist(),
                                strict=True))

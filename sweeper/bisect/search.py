@@ -45,19 +45,19 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 from sweeper.bisect.segments import ModePosterior, Prior, Rate, Start, posterior
 from sweeper.errors import BisectError
 from sweeper.stats import samples_to_decide
 
 
-class Direction(str, Enum):
+class Direction(StrEnum):
     REGRESSION = "regression"
     FIX = "fix"
 
 
-class BadEndpoint(str, Enum):
+class BadEndpoint(StrEnum):
     """What the bad endpoint shows: the premise of a bisect."""
 
     FAILS = "fails"  # some mode fails there
