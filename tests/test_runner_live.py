@@ -11,6 +11,7 @@ from pathlib import Path
 import psutil
 from conftest import make_sim_repo
 
+from sweeper import analysis
 from sweeper.replay import Reply, Request
 from sweeper.runner import GroupJob, Status, _CellBase, _LiveJudge, build_requests, run_group
 from sweeper.store import open_run
@@ -30,16 +31,21 @@ def reply_for(req: Request) -> Reply:
     return Reply(req, 200, body, None, 0.01, None, datetime.now(UTC))
 
 
-def test_a_log_line_written_after_the_reply_changes_the_verdict(tmp_path: Path, tiny_suite: Path) -> None:
+def _group_job(tmp_path: Path, suite: Path, sim: dict[str, object] | None = None, extra: str = "",
+               axes: str = "{commit: [good], spec_method: [none], request.temperature: [0, 0.5]}") -> GroupJob:
+    """The one server group of a matrix over a one-commit simulated history."""
     repo = tmp_path / "vllm"
-    make_sim_repo(repo, [("good", {})])
+    make_sim_repo(repo, [("good", sim or {})])
     matrix = tmp_path / "m.yaml"
-    matrix.write_text(f"name: t\nmodel: m\nsuite: {tiny_suite}\ninstall: {{kind: sim, repo: {repo}}}\n"
-                      "axes: {commit: [good], spec_method: [mtp], num_speculative_tokens: [2]}\n")
+    matrix.write_text(f"name: t\nmodel: m\nsuite: {suite}\ninstall: {{kind: sim, repo: {repo}}}\n{extra}axes: {axes}\n")
     runs = tmp_path / "runs"
-    plan = make_plan(matrix, runs)
     run = open_run(runs, "r", create=True)
-    (job,) = jobs_for(plan, run, tmp_path / "cache")
+    (job,) = jobs_for(make_plan(matrix, runs), run, tmp_path / "cache")
+    return job
+
+
+def test_a_log_line_written_after_the_reply_changes_the_verdict(tmp_path: Path, tiny_suite: Path) -> None:
+    job = _group_job(tmp_path, tiny_suite, axes="{commit: [good], spec_method: [mtp], num_speculative_tokens: [2]}")
     cells = list(job.group.cells)
     requests = build_requests(job, cells)
     first, second = requests[0][2], requests[1][2]
@@ -65,19 +71,6 @@ def test_a_log_line_written_after_the_reply_changes_the_verdict(tmp_path: Path, 
     assert len(samples) == len(requests)
 
 
-def _group_job(tmp_path: Path, suite: Path, sim: dict[str, object], extra: str) -> GroupJob:
-    repo = tmp_path / "vllm"
-    make_sim_repo(repo, [("good", sim)])
-    matrix = tmp_path / "m.yaml"
-    matrix.write_text(f"name: t\nmodel: m\nsuite: {suite}\ninstall: {{kind: sim, repo: {repo}}}\n{extra}"
-                      "axes: {commit: [good], spec_method: [none], request.temperature: [0, 0.5]}\n")
-    runs = tmp_path / "runs"
-    plan = make_plan(matrix, runs)
-    run = open_run(runs, "r", create=True)
-    (job,) = jobs_for(plan, run, tmp_path / "cache")
-    return job
-
-
 def _holding(folder: Path) -> list[int]:
     """Processes with a file under `folder` open (a server writes its log there)."""
     found = []
@@ -91,13 +84,15 @@ def _holding(folder: Path) -> list[int]:
 
 
 def test_server_starts_are_counted_per_group(tmp_path: Path, tiny_suite: Path) -> None:
-    job = _group_job(tmp_path, tiny_suite, {}, "")
+    job = _group_job(tmp_path, tiny_suite)
     result = run_group(job)
     cells = result.cells.to_pylist()
     # Two cells (request.temperature) on one server: the group made one start, each row says so.
     assert [c["status"] for c in cells] == [Status.OK, Status.OK]
     assert [c["server_starts"] for c in cells] == [1, 1]
     assert len({c["group_id"] for c in cells}) == 1
+    # Counted once per group, never summed over its cells.
+    assert analysis.server_starts(result.cells.to_pandas()) == 1
 
 
 def test_a_group_past_group_s_ends_as_timeout_with_its_server_stopped(tmp_path: Path, tiny_suite: Path) -> None:
