@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -40,11 +40,11 @@ def matrix_cmd(
     file: Annotated[Path, typer.Argument(help="Matrix YAML file.")],
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the servers to start and the cells on each; run nothing.")] = False,
     runs_dir: RunsDir = Path("runs"),
-    run_id: Annotated[Optional[str], typer.Option(help="Name of the new run (default: time + matrix name).")] = None,
-    resume: Annotated[Optional[str], typer.Option(help="Continue this run: only groups without results run.")] = None,
-    address: Annotated[Optional[str], typer.Option(help="Ray cluster address (default: RAY_ADDRESS, else a local cluster).")] = None,
-    gpus: Annotated[Optional[float], typer.Option(help="Logical GPU slots of the local cluster for simulator runs (default 4).")] = None,
-    cache_dir: Annotated[Optional[Path], typer.Option(help="Per-commit environment cache (default: $SWEEP_CACHE or ~/.cache/sweep/envs).")] = None,
+    run_id: Annotated[str | None, typer.Option(help="Name of the new run (default: time + matrix name).")] = None,
+    resume: Annotated[str | None, typer.Option(help="Continue this run: only groups without results run.")] = None,
+    address: Annotated[str | None, typer.Option(help="Ray cluster address (default: RAY_ADDRESS, else a local cluster).")] = None,
+    gpus: Annotated[float | None, typer.Option(help="Logical GPU slots of the local cluster for simulator runs (default 4).")] = None,
+    cache_dir: Annotated[Path | None, typer.Option(help="Per-commit environment cache (default: $SWEEP_CACHE or ~/.cache/sweep/envs).")] = None,
 ) -> None:
     """Expand a matrix, run every cell against a real server, store one Parquet row per request.
 
@@ -87,11 +87,11 @@ def matrix_cmd(
 
 @app.command("report")
 def report_cmd(
-    run_id: Annotated[Optional[str], typer.Argument(help="Run to report (default: the latest).")] = None,
+    run_id: Annotated[str | None, typer.Argument(help="Run to report (default: the latest).")] = None,
     runs_dir: RunsDir = Path("runs"),
-    rows: Annotated[Optional[str], typer.Option(help="Heatmap rows: comma-separated axes.")] = None,
-    cols: Annotated[Optional[str], typer.Option(help="Heatmap columns: comma-separated axes.")] = None,
-    heatmap: Annotated[Optional[Path], typer.Option(help="Write a failure-rate heatmap (PNG/SVG) here.")] = None,
+    rows: Annotated[str | None, typer.Option(help="Heatmap rows: comma-separated axes.")] = None,
+    cols: Annotated[str | None, typer.Option(help="Heatmap columns: comma-separated axes.")] = None,
+    heatmap: Annotated[Path | None, typer.Option(help="Write a failure-rate heatmap (PNG/SVG) here.")] = None,
     explain: Annotated[bool, typer.Option("--explain", help="Name the smallest setting conjunction behind each failure mode, with its evidence.")] = False,
     html: Annotated[Path | None, typer.Option("--html", help="Write one self-contained HTML report here (no network needed to view it).")] = None,
     issue: Annotated[bool, typer.Option("--issue", help="Print Markdown for vLLM's bug template (one failure mode; see --mode).")] = False,
@@ -175,7 +175,7 @@ def suite_checks() -> None:
 
 
 @cache_app.command("list")
-def cache_list(cache_dir: Annotated[Optional[Path], typer.Option(help="Cache folder.")] = None) -> None:
+def cache_list(cache_dir: Annotated[Path | None, typer.Option(help="Cache folder.")] = None) -> None:
     """List cached environments, least recently used first.
 
     Example: sweep cache list
@@ -191,9 +191,9 @@ def cache_list(cache_dir: Annotated[Optional[Path], typer.Option(help="Cache fol
 
 @cache_app.command("clear")
 def cache_clear(
-    cache_dir: Annotated[Optional[Path], typer.Option(help="Cache folder.")] = None,
-    commit: Annotated[Optional[str], typer.Option(help="Only environments of this commit.")] = None,
-    older_than_days: Annotated[Optional[float], typer.Option(help="Only environments unused for this many days.")] = None,
+    cache_dir: Annotated[Path | None, typer.Option(help="Cache folder.")] = None,
+    commit: Annotated[str | None, typer.Option(help="Only environments of this commit.")] = None,
+    older_than_days: Annotated[float | None, typer.Option(help="Only environments unused for this many days.")] = None,
 ) -> None:
     """Remove cached environments (never one in use).
 
@@ -222,20 +222,20 @@ def model_tiny(directory: Annotated[Path, typer.Argument(help="Folder to write t
 def bisect_cmd(
     good: Annotated[str, typer.Option("--good", help="A commit that passes (v0.27 means the v0.27.0 tag).")],
     bad: Annotated[str, typer.Option("--bad", help="A later commit that fails (main, a tag, a sha).")],
-    matrix: Annotated[Optional[Path], typer.Option("--matrix", help="Matrix file whose settings the probes use (default: the latest sweep run's, bisecting each cell that changed).")] = None,
-    run: Annotated[Optional[str], typer.Option("--run", help="The sweep run to take the matrix and failing cells from (default: the latest).")] = None,
-    where: Annotated[Optional[list[str]], typer.Option("--where", help="AXIS=VALUE picking one cell of the matrix (repeatable).")] = None,
-    repo: Annotated[Optional[str], typer.Option(help="The vLLM repository (path or URL); default: the matrix's install.repo.")] = None,
-    parallel: Annotated[Optional[int], typer.Option(help="Probes per round (default: the free GPU slots of the cluster).")] = None,
+    matrix: Annotated[Path | None, typer.Option("--matrix", help="Matrix file whose settings the probes use (default: the latest sweep run's, bisecting each cell that changed).")] = None,
+    run: Annotated[str | None, typer.Option("--run", help="The sweep run to take the matrix and failing cells from (default: the latest).")] = None,
+    where: Annotated[list[str] | None, typer.Option("--where", help="AXIS=VALUE picking one cell of the matrix (repeatable).")] = None,
+    repo: Annotated[str | None, typer.Option(help="The vLLM repository (path or URL); default: the matrix's install.repo.")] = None,
+    parallel: Annotated[int | None, typer.Option(help="Probes per round (default: the free GPU slots of the cluster).")] = None,
     confidence: Annotated[float, typer.Option(help="A change is settled when its posterior probability reaches this.")] = 0.99,
-    max_samples: Annotated[Optional[int], typer.Option(help="Stop (reporting what is undecided) after this many requests per cell.")] = None,
+    max_samples: Annotated[int | None, typer.Option(help="Stop (reporting what is undecided) after this many requests per cell.")] = None,
     widen: Annotated[bool, typer.Option("--widen", help="If the good endpoint fails, move it back (doubling the distance) until it passes.")] = False,
     runs_dir: RunsDir = Path("runs"),
-    run_id: Annotated[Optional[str], typer.Option(help="Name of the new bisect run.")] = None,
-    resume: Annotated[Optional[str], typer.Option(help="Continue this bisect run.")] = None,
-    address: Annotated[Optional[str], typer.Option(help="Ray cluster address (default: a local cluster).")] = None,
-    gpus: Annotated[Optional[float], typer.Option(help="Logical GPU slots of the local cluster for simulator runs.")] = None,
-    cache_dir: Annotated[Optional[Path], typer.Option(help="Per-commit environment cache.")] = None,
+    run_id: Annotated[str | None, typer.Option(help="Name of the new bisect run.")] = None,
+    resume: Annotated[str | None, typer.Option(help="Continue this bisect run.")] = None,
+    address: Annotated[str | None, typer.Option(help="Ray cluster address (default: a local cluster).")] = None,
+    gpus: Annotated[float | None, typer.Option(help="Logical GPU slots of the local cluster for simulator runs.")] = None,
+    cache_dir: Annotated[Path | None, typer.Option(help="Per-commit environment cache.")] = None,
 ) -> None:
     """Find every change in the range: each failure mode's regressions and fixes, even when only some requests fail.
 

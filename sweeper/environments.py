@@ -457,10 +457,10 @@ def _read_meta(root: Path) -> dict[str, Any] | None:
 
 def _du(root: Path) -> int:
     total = 0
-    for dirpath, _, files in os.walk(root):
-        for f in files:
+    for dirpath, _, names in os.walk(root):
+        for name in names:
             with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, f)).st_size
+                total += os.lstat(os.path.join(dirpath, name)).st_size
     return total
 
 

@@ -25,8 +25,8 @@ import pandas as pd
 
 from sweeper import __version__, analysis, files
 from sweeper.bugreport import REDACTED, Redactor, log_lines
-from sweeper.runner import Status
 from sweeper.explain import Classified, Explanation, Verdict, classify, describe, display_axis, value_text
+from sweeper.runner import Status
 from sweeper.stats import wilson
 from sweeper.store import RunDir
 

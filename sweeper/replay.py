@@ -12,7 +12,7 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -59,7 +59,7 @@ class ReplayOutcome:
 
 
 async def _send(client: httpx.AsyncClient, url: str, req: Request, timeout_s: float) -> Reply:
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     t0 = time.monotonic()
     headers = {"X-Request-Id": req.request_id}
     ttft: float | None = None

@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 import httpx
 import psutil
@@ -73,7 +74,7 @@ class ServerProcess:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def __enter__(self) -> ServerProcess:
+    def __enter__(self) -> Self:
         self.start()
         try:
             self.wait_ready()
@@ -88,14 +89,13 @@ class ServerProcess:
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
-        try:
-            self.proc = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL,
-                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        except OSError as exc:
-            raise ServerError(f"cannot start {self.argv[0]}: {exc}", status="server_failed") from None
-        finally:
-            log.close()
+        # The server keeps its own copy of the descriptor: ours is closed once it has started.
+        with open(self.log_path, "ab") as log:
+            try:
+                self.proc = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL,
+                                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            except OSError as exc:
+                raise ServerError(f"cannot start {self.argv[0]}: {exc}", status="server_failed") from None
         self.starts += 1
         self._t0 = time.monotonic()
         if self.pid_file is not None:

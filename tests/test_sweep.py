@@ -14,8 +14,8 @@ import duckdb
 import pandas as pd
 import psutil
 import pytest
-
 from conftest import make_sim_repo
+
 from sweeper import analysis
 from sweeper.server import ServerProcess
 from sweeper.store import RunDir
@@ -179,7 +179,7 @@ def test_bad_matrix_is_one_line_and_exit_1(tmp_path: Path, tiny_suite: Path) -> 
     path.write_text(f"model: m\nsuite: {tiny_suite}\ninstall: {{kind: sim}}\naxes:\n  spec_method: [none, mtp]\n"
                     "  num_speculative_tokens: [0]\n")
     proc = sweep_cli("matrix", str(path), "--dry-run")
-    out, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1
     assert err.strip() == f"error: {path}:6: axes.num_speculative_tokens[0]: expected a positive integer, got 0"
     assert "Traceback" not in err
