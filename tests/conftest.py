@@ -24,24 +24,40 @@ os.environ["SWEEP_CACHE"] = str(_CACHE_ROOT / "envs")
 _USER_CACHE = Path.home() / ".cache" / "sweep"
 
 
+_REPO = Path(__file__).resolve().parent.parent
+
+
 def _listing(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*")} if root.is_dir() else set()
 
 
+def _repo_files() -> set[str]:
+    """Files in the checkout that git neither tracks nor ignores (runs/ is ignored)."""
+    try:
+        out = subprocess.run(["git", "-C", str(_REPO), "status", "--porcelain", "--untracked-files=all"],
+                             capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return set()
+    return {line[3:] for line in out.stdout.splitlines() if line.startswith("??")} if out.returncode == 0 else set()
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     session.config.stash[_BEFORE] = _listing(_USER_CACHE)
+    session.config.stash[_REPO_BEFORE] = _repo_files()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     shutil.rmtree(_CACHE_ROOT, ignore_errors=True)
-    new = sorted(_listing(_USER_CACHE) - session.config.stash.get(_BEFORE, set()))
-    if new:
-        # A test that writes outside its temp folders fails the run, however green it was.
-        print(f"\nerror: the tests wrote into {_USER_CACHE}: {', '.join(new[:5])}"
-              f"{' ...' if len(new) > 5 else ''}")
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    # A test that writes outside its temp folders (and runs/) fails the run, however green it was.
+    for where, new in ((_USER_CACHE, _listing(_USER_CACHE) - session.config.stash.get(_BEFORE, set())),
+                       (_REPO, _repo_files() - session.config.stash.get(_REPO_BEFORE, set()))):
+        if new:
+            shown = sorted(new)
+            print(f"\nerror: the tests wrote into {where}: {', '.join(shown[:5])}{' ...' if len(shown) > 5 else ''}")
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 _BEFORE = pytest.StashKey[set[str]]()
+_REPO_BEFORE = pytest.StashKey[set[str]]()
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
 FAST = {"startup_s": 0.1, "token_latency_s": 0.0002}
 
