@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from sweeper.status import Status
+
 # An error is one line of readable size, whatever the input held: a key with newlines or a
 # megabyte value must not flood the terminal (or leak a file's contents into a log).
 MAX_SHOWN = 80
@@ -63,7 +65,7 @@ class InstallError(SweepError):
 class ServerError(SweepError):
     """A server did not become healthy, or died. `status` is the cell status it implies."""
 
-    def __init__(self, message: str, *, status: str = "server_failed", log_tail: str = "") -> None:
+    def __init__(self, message: str, *, status: Status = Status.SERVER_FAILED, log_tail: str = "") -> None:
         self.status, self.log_tail = status, log_tail
         super().__init__(message)
 

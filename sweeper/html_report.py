@@ -26,8 +26,8 @@ import pandas as pd
 from sweeper import __version__, analysis, files
 from sweeper.bugreport import REDACTED, Redactor, log_lines
 from sweeper.explain import Classified, Explanation, Verdict, classify, describe, display_axis, value_text
-from sweeper.runner import Status
 from sweeper.stats import wilson
+from sweeper.status import Status
 from sweeper.store import RunDir
 
 CELL_W, CELL_H, CHAR_W, LINE_H = 96, 34, 7.2, 15

@@ -14,8 +14,8 @@ from sweeper import gitrepo
 from sweeper.environments import EnvInfo
 from sweeper.errors import SweepError
 from sweeper.matrix import resolve_path
-from sweeper.runner import Status
 from sweeper.stats import wilson
+from sweeper.status import Status
 from sweeper.store import RunDir
 
 if TYPE_CHECKING:

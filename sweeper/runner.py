@@ -17,7 +17,6 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Self
 
@@ -30,6 +29,7 @@ from sweeper.matrix import Cell, MatrixFile, ServerGroup, canonical
 from sweeper.replay import Abort, Reply, Request, run_replay
 from sweeper.server import ServerProcess, free_port, new_api_key, tail
 from sweeper.stats import wilson
+from sweeper.status import Status as Status  # noqa: PLC0414  (re-exported: `runner.Status` is the cell status)
 from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, table
 from sweeper.suite import Suite, expand
 from sweeper.vllm import crash
@@ -42,16 +42,6 @@ _DROP_ENV = re.compile(r"^(RAY_|PYTEST_|COV_)")
 # once its engine core is gone). A replay that ends on such an answer can finish inside that
 # moment: before calling the server alive, give it this long to exit.
 CRASH_GRACE_S = 5.0
-
-
-class Status(StrEnum):
-    """A cell's outcome; stored in Parquet as the string value."""
-
-    OK = "ok"
-    INSTALL_FAILED = "install_failed"
-    SERVER_FAILED = "server_failed"
-    TIMEOUT = "timeout"
-    CRASHED = "crashed"
 
 
 @dataclass(frozen=True)

@@ -95,7 +95,7 @@ class ServerProcess:
                 self.proc = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL,
                                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             except OSError as exc:
-                raise ServerError(f"cannot start {self.argv[0]}: {exc}", status="server_failed") from None
+                raise ServerError(f"cannot start {self.argv[0]}: {exc}") from None
         self.starts += 1
         self._t0 = time.monotonic()
         if self.pid_file is not None:
@@ -117,7 +117,7 @@ class ServerProcess:
                 code = self.proc.poll()
                 if code is not None:
                     raise ServerError(f"server exited with code {code} before it was healthy",
-                                      status="server_failed", log_tail=tail(self.log_path))
+                                      log_tail=tail(self.log_path))
                 try:
                     if client.get(f"{self.base_url}/health").status_code == 200:
                         self.startup_s = time.monotonic() - self._t0
@@ -126,7 +126,7 @@ class ServerProcess:
                     pass
                 if time.monotonic() > deadline:
                     raise ServerError(f"server not healthy after {self.startup_timeout_s:.0f}s",
-                                      status="server_failed", log_tail=tail(self.log_path))
+                                      log_tail=tail(self.log_path))
                 time.sleep(0.1)
 
     def stop(self) -> None:

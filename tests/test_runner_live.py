@@ -13,7 +13,8 @@ from conftest import make_sim_repo
 
 from sweeper import analysis
 from sweeper.replay import Reply, Request
-from sweeper.runner import GroupJob, Status, _CellBase, _LiveJudge, build_requests, run_group
+from sweeper.runner import GroupJob, _CellBase, _LiveJudge, build_requests, run_group
+from sweeper.status import Status
 from sweeper.store import open_run
 from sweeper.sweep import jobs_for, make_plan
 

@@ -25,7 +25,6 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +40,9 @@ from sweeper.cluster import Cluster
 from sweeper.errors import BisectError
 from sweeper.history import History, history_for
 from sweeper.matrix import Cell, Matrix, ServerGroup, canonical, make_cell, with_model_paths
-from sweeper.runner import GroupJob, GroupResult, Status
+from sweeper.runner import GroupJob, GroupResult
 from sweeper.server import kill_leftovers
+from sweeper.status import ProbeStatus
 from sweeper.store import (
     PROBE_SCHEMA,
     RunDir,
@@ -56,18 +56,6 @@ from sweeper.store import (
 )
 from sweeper.suite import Suite
 from sweeper.sweep import load_suites, repo_for, spec_with_repo, sweep_gpus
-
-
-class ProbeStatus(StrEnum):
-    """A probe's outcome for one cell: its cell's status, or MISSING when the probe's group returned
-    no row for the cell. Stored in the probes' Parquet as the string value."""
-
-    OK = Status.OK.value
-    INSTALL_FAILED = Status.INSTALL_FAILED.value
-    SERVER_FAILED = Status.SERVER_FAILED.value
-    TIMEOUT = Status.TIMEOUT.value
-    CRASHED = Status.CRASHED.value
-    MISSING = "missing"
 
 
 @dataclass

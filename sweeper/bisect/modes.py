@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
+from sweeper.status import Status
 from sweeper.suite import Suite
 
 _NO_ANSWER = "http_ok"
@@ -70,9 +71,9 @@ def start_sets(status: str, signature: str | None, rows: Iterable[tuple[str, Seq
                labels: Mapping[tuple[str, str], str]) -> list[tuple[str, frozenset[str]]] | None:
     """The samples one server start contributes, or None when the start says nothing about the
     cell (not installed, refused for a reason that names none of its settings, hung)."""
-    if status in ("ok", "crashed"):
-        return label_sets(rows, labels, crash=signature if status == "crashed" else None)
-    if status == "server_failed" and signature:
+    if status in (Status.OK, Status.CRASHED):
+        return label_sets(rows, labels, crash=signature if status == Status.CRASHED else None)
+    if status == Status.SERVER_FAILED and signature:
         return [(START_CASE, frozenset({signature}))]
     return None
 
