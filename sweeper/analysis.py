@@ -79,7 +79,8 @@ def _decoded(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
     for i, raw in enumerate(encoded.dictionary.to_pylist()):
         table[i] = _decode(raw)  # one by one: a slice assignment would make [0, 0.5] floats
     indices = encoded.indices.fill_null(len(encoded.dictionary)).to_numpy(zero_copy_only=False)
-    return table[indices]
+    picked: np.ndarray = table[indices]
+    return picked
 
 
 def axis_names(tbl: pa.Table) -> list[str]:

@@ -173,7 +173,7 @@ def request_body(manifest: Mapping[str, Any], axes: Mapping[str, Any], case_id: 
     if case is None:
         return None
     spec, cell = rebuild_cell(manifest, axes)
-    body = case.request(str(spec.serve.get("--served-model-name") or spec.model))
+    body: dict[str, Any] = case.request(str(spec.serve.get("--served-model-name") or spec.model))
     for key, value in cell.request.items():
         if value is None:
             body.pop(key, None)

@@ -450,9 +450,10 @@ def _lock_path(cache: Path, key: str) -> Path:
 
 def _read_meta(root: Path) -> dict[str, Any] | None:
     try:
-        return json.loads((root / META).read_text())
+        meta = json.loads((root / META).read_text())
     except (OSError, ValueError):
         return None
+    return meta if isinstance(meta, dict) else None
 
 
 def _du(root: Path) -> int:

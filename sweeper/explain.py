@@ -259,7 +259,8 @@ def holm(p: np.ndarray) -> np.ndarray:
 
 def fisher_greater(a: np.ndarray, n_in: np.ndarray, k: int, n: int) -> np.ndarray:
     """One-sided Fisher exact p: at least `a` of the `k` failures among `n_in` of `n` samples."""
-    return np.clip(hypergeom.sf(a - 1, n, k, n_in), 0.0, 1.0)
+    p: np.ndarray = np.clip(hypergeom.sf(a - 1, n, k, n_in), 0.0, 1.0)
+    return p
 
 
 # ---- the search ---------------------------------------------------------------------------------

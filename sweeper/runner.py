@@ -186,7 +186,7 @@ def run_group(job: GroupJob) -> GroupResult:
         reason = vllm.failure_reason(_read(log_path) or log)
         # A refusal that names the cell's settings is the configuration failing (a failure mode);
         # anything else (a port in use, a full disk) says nothing about it.
-        signature = f"refused: {reason[:300]}" if exc.status == Status.SERVER_FAILED \
+        signature = f"refused: {reason[:300]}" if reason and exc.status == Status.SERVER_FAILED \
             and crash.refusal_names_settings(reason, words) else None
         detail = f"{exc}: {reason}" if reason and reason not in str(exc) else str(exc)
         if deadline is not None and time.monotonic() >= deadline:

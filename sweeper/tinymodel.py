@@ -13,8 +13,12 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>",
                   "</tool_call>")
@@ -126,7 +130,7 @@ def _corpus(seed: int, n: int = 3000) -> list[str]:
     return lines
 
 
-def _train_tokenizer(seed: int):  # -> tokenizers.Tokenizer
+def _train_tokenizer(seed: int) -> Tokenizer:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())

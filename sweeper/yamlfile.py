@@ -160,7 +160,7 @@ _MERGE = f"{_CORE}merge"
 _NOT_PRINTABLE = re.compile("[^\x09\x0a\x0d\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
-class _PyParser(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser):
+class _PyParser(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser):  # type: ignore[misc]  # PyYAML is untyped
     """The pure-Python parser, where PyYAML was built without libyaml (slower, same events)."""
 
     def __init__(self, text: str) -> None:
@@ -173,7 +173,7 @@ class _PyParser(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser):
 _Parser: Any = yaml.cyaml.CParser if yaml.__with_libyaml__ else _PyParser
 
 
-class _Resolver(yaml.resolver.Resolver):
+class _Resolver(yaml.resolver.Resolver):  # type: ignore[misc]  # PyYAML is untyped
     """YAML 1.1 as PyYAML's safe loader reads it, less the implicit tags outside plain data:
     `2024-01-01` stays a string (not a date), `=` stays a string."""
 
@@ -197,7 +197,7 @@ class _Open:
 
     def __init__(self, items: list[Any] | dict[str, Any], path: PathKey, anchor: str | None, line: int) -> None:
         self.items, self.path, self.anchor, self.line = items, path, anchor, line
-        self.key: str | None = None
+        self.key: str | _MergeKey | None = None
         self.key_line = 0
         self.merged: dict[str, Any] = {}  # `<<:` entries: explicit keys override them
         self.size = 1
@@ -258,7 +258,7 @@ def _build(text: str) -> tuple[Any, dict[PathKey, int]]:
             top.key, top.key_line = _key(value, line), line
             return
         key, top.key = top.key, None
-        if key is _MERGE_KEY:
+        if isinstance(key, _MergeKey):
             _merge_into(top, value, line)
             return
         if key in top.items:
@@ -272,7 +272,9 @@ def _build(text: str) -> tuple[Any, dict[PathKey, int]]:
         top = stack[-1]
         if isinstance(top.items, list):
             return (*top.path, len(top.items))
-        return (*top.path, "<<" if top.key is _MERGE_KEY else top.key) if top.key is not None else top.path
+        if top.key is None:
+            return top.path
+        return (*top.path, "<<" if isinstance(top.key, _MergeKey) else top.key)
 
     while True:
         event = parser.get_event()
@@ -444,7 +446,7 @@ def _expected(err: Any) -> str:
     if "input" in err and kind not in ("value_error", "assertion_error"):
         shown = _kind(err["input"]) if isinstance(err["input"], (dict, list)) else clip(err["input"])
         return f"{msg}, got {shown}"
-    return msg.removeprefix("Value error, ")
+    return str(msg).removeprefix("Value error, ")
 
 
 def _data_loc(data: Any, loc: tuple[Any, ...], missing: bool = False) -> PathKey:

@@ -438,10 +438,10 @@ def cells_from_run(runs_dir: Path, from_run: str | None, good: str, bad: str, wh
     rows: dict[str, dict[str, list[tuple[str, frozenset[str]]]]] = defaultdict(lambda: defaultdict(list))
     seen: dict[tuple[str, frozenset[str]], set[str]] = defaultdict(set)
     for r in cell_rows.to_pylist():
-        key = (r["settings_key"], r["commit_sha"], r["group_id"])
+        start = (r["settings_key"], r["commit_sha"], r["group_id"])
         if r["settings_key"] not in candidates:
             continue
-        for case, failed in fm.start_sets(r["status"], r["failure_signature"], per_start.get(key, []), labels) or []:
+        for case, failed in fm.start_sets(r["status"], r["failure_signature"], per_start.get(start, []), labels) or []:
             rows[r["settings_key"]][r["commit_sha"]].append((case, failed))
             if failed:
                 seen[(case, failed)].add(r["commit_sha"])

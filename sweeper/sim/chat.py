@@ -136,7 +136,7 @@ def _degenerate(
 def _tool_to_call(req: ChatRequest) -> dict[str, Any] | None:
     if not req.tools or req.tool_choice == "none":
         return None
-    functions = [t["function"] for t in req.tools]
+    functions: list[dict[str, Any]] = [t["function"] for t in req.tools]
     if isinstance(req.tool_choice, dict):
         name = req.tool_choice["function"]["name"]
         return next(f for f in functions if f["name"] == name)

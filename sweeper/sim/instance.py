@@ -17,7 +17,7 @@ import jsonschema
 try:  # Python >= 3.11 keeps the regex parser here; the old name still works with a warning.
     from re import _parser as sre_parse  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover
-    import sre_parse  # type: ignore[no-redef]
+    import sre_parse
 
 WORDS = (
     "alpha",
@@ -333,7 +333,7 @@ def _valid(value: Any, schema: Any, root: Any) -> bool:
         scope = {k: root[k] for k in ("$defs", "definitions") if k in root}
         schema = {**scope, **schema}
     try:
-        return jsonschema.Draft202012Validator(schema).is_valid(value)
+        return bool(jsonschema.Draft202012Validator(schema).is_valid(value))
     except (jsonschema.exceptions.RefResolutionError, jsonschema.exceptions.SchemaError, KeyError):
         return True
 

@@ -230,7 +230,7 @@ def _sim_yaml(history: History, index: int) -> str:
         "token_latency_s": 0.0005,
         "bugs": [b.declaration() for b in history.bugs if b.active(index)],
     }
-    return yaml.safe_dump(doc, sort_keys=False)
+    return str(yaml.safe_dump(doc, sort_keys=False))
 
 
 def _fast_import_stream(history: History, rng: random.Random) -> bytes:
