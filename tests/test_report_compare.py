@@ -52,16 +52,17 @@ def test_against_an_older_run(demo_run: RunDir, tmp_path: Path) -> None:
     assert lines[0] == "run after against before (change = after − before)"
     # Appeared first, then vanished: the thinking budget and the silent whitespace came, the FSM bug went.
     assert lines[1:4] == [
-        "  mode appeared in after: finish_reason + no_whitespace_tail: 0/486 (0.0%) → 34/486 (7.0%)",
-        ("  mode appeared in after: content_nonempty + finish_reason + reasoning_tokens_at_most: 0/120 (0.0%) → "
-        "20/120 (16.7%)"),
+        "  mode appeared in after: finish_reason + no_whitespace_tail: 0/972 (0.0%) → 72/972 (7.4%)",
+        ("  mode appeared in after: content_nonempty + finish_reason + reasoning_tokens_at_most: 0/240 (0.0%) → "
+        "40/240 (16.7%)"),
         ("  mode vanished in after: finish_reason + log_absent(Failed to advance FSM) + no_whitespace_tail: "
-        "56/486 (11.5%) → 0/486 (0.0%)")]
+        "114/972 (11.7%) → 0/972 (0.0%)")]
     rows = [ln for ln in lines if ln.startswith("│")]
-    assert len(rows) == 6  # the six settings, matched across the two commits
-    mtp_v2 = next(r for r in rows if "spec_method=mtp" in r and "VLLM_USE_V2_MODEL_RUNNER=1" in r)
-    assert "28/101 (27.7%)" in mtp_v2 and "37/101 (36.6%)" in mtp_v2 and "+8.9 pp" in mtp_v2
-    assert "worse" not in mtp_v2  # 28 → 37 of 101 is within chance after correction
+    assert len(rows) == 12  # the twelve settings (six servers x two temperatures), matched across the commits
+    mtp_v2 = next(r for r in rows if "spec_method=mtp" in r and "VLLM_USE_V2_MODEL_RUNNER=1" in r
+                  and "temperature=0 " in r)
+    assert "27/101 (26.7%)" in mtp_v2 and "37/101 (36.6%)" in mtp_v2 and "+9.9 pp" in mtp_v2
+    assert not any("worse" in r for r in rows)  # 27 → 37 of 101 is within chance after correction
     assert all("0/101 (0.0%)" in r and "+0.0 pp" in r for r in rows if "spec_method=mtp" not in r)
 
 
@@ -73,10 +74,10 @@ def test_a_significant_change_is_flagged(demo_run: RunDir, tmp_path: Path) -> No
     assert result.exit_code == 0, result.output
     rows = [ln for ln in result.output.splitlines() if ln.startswith("│")]
     flagged = [r for r in rows if "▲ worse" in r]
-    assert len(flagged) == 2 and all("spec_method=mtp" in r for r in flagged)
+    assert len(flagged) == 4 and all("spec_method=mtp" in r for r in flagged)  # two temperatures each
     # Significant changes first.
-    assert rows[:2] == sorted(flagged, key=lambda r: -float(r.split("pp")[0].split("│")[-1].strip().lstrip("+")))
-    assert "+36.6 pp [" in flagged[0]
+    assert rows[:4] == sorted(flagged, key=lambda r: -float(r.split("pp")[0].split("│")[-1].strip().lstrip("+")))
+    assert "+38.6 pp [" in flagged[0]
 
 
 @pytest.mark.parametrize("args", [["--mode", "1"]])
