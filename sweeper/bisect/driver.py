@@ -30,14 +30,13 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 from sweeper import __version__, analysis
 from sweeper.bisect import modes as fm
 from sweeper.bisect.report import describe
 from sweeper.bisect.search import BisectReport, Search
 from sweeper.cluster import Cluster
-from sweeper.errors import BisectError
+from sweeper.errors import BisectError, SweepError
 from sweeper.history import History, history_for
 from sweeper.matrix import Cell, Matrix, ServerGroup, canonical, make_cell, with_model_paths
 from sweeper.runner import GroupJob, GroupResult
@@ -50,8 +49,6 @@ from sweeper.store import (
     now_utc,
     open_run,
     table,
-    write_atomic,
-    write_json_atomic,
 )
 from sweeper.suite import Suite
 from sweeper.sweep import load_suites, repo_for, spec_with_repo, sweep_gpus
@@ -141,12 +138,7 @@ def cell_at(matrix: Matrix, cell: Cell, sha: str) -> Cell:
 def _read(runs_dir: Path, kind: str, columns: list[str], expr: Any) -> pa.Table:
     """Only the columns and rows asked for, over every run: the cost follows what matches, not the
     size of the whole folder."""
-    files = [f for run in analysis.run_dirs(runs_dir) for f in sorted((run.root / kind).glob("*.parquet"))]
-    if not files:
-        return pa.table({c: [] for c in columns})
-    schema = analysis.schema_of(kind)
-    return ds.dataset([str(f) for f in files], schema=schema, format="parquet").to_table(columns=columns,
-                                                                                        filter=expr)
+    return analysis.read_runs(runs_dir, kind, columns, expr)
 
 
 def load_evidence(runs_dir: Path, targets: Sequence[Target], suite: Suite, shas: set[str],
@@ -314,7 +306,7 @@ class Bisector:
                          "gpu_seconds": gpu})
             self.say(f"probe {probe_no} round {self.round}: {sha[:10]} (position {self.commits.index(sha)}) "
                      f"{t.label} -> {status}, {sum(counts.values())}/{len(sets)} failed")
-        write_atomic(table(rows, PROBE_SCHEMA), self.run.root / "probes" / f"{name}.parquet")
+        self.run.write_table(f"probes/{name}.parquet", table(rows, PROBE_SCHEMA))
 
     def drive(self, cluster: Cluster, slots: int) -> list[BisectReport]:
         """Rounds until no search wants a probe; the state after each round goes to bisect.json."""
@@ -334,7 +326,7 @@ class Bisector:
         summary.update({"run_id": self.run.run_id, "final": final, "rounds": self.round, "server_starts": self.probe_no,
                         "reused_samples": self.reused_samples(), "gpu_seconds": self.gpu_seconds,
                         "sweeper": __version__, "updated": now_utc().isoformat()})
-        write_json_atomic(summary, self.run.root / "bisect.json")
+        self.run.write_json("bisect.json", summary)
         return summary
 
 
@@ -395,7 +387,7 @@ def sweep_run(runs_dir: Path, run_id: str | None) -> RunDir:
 def _kind(run: RunDir) -> str | None:
     try:
         kind = run.read_manifest().get("kind")
-    except (OSError, ValueError):
+    except (OSError, ValueError, SweepError):
         return None
     return kind if isinstance(kind, str) else None
 
