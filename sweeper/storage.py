@@ -71,7 +71,8 @@ class Location:
             path = os.path.abspath(rest or "/")
             return cls(_local_fs(), path, path, True)
         # One filesystem object per endpoint (making one can cost a round trip).
-        key = f"{scheme}://{rest.split('/', 1)[0]}?{query}"
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
+        key = f"{scheme}://{rest.split('/', 1)[0]}?{query}#{endpoint}"
         if key not in _FILESYSTEMS:
             with _errors(base):
                 try:

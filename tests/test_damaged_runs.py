@@ -50,7 +50,7 @@ def made(tmp_path_factory: pytest.TempPathFactory, ray_cluster: None) -> tuple[P
     make_sim_repo(tmp / "vllm", [(c, {}) for c in COMMITS])
     path = tmp / "m.yaml"
     path.write_text(f"name: t\nmodel: m\nsuite: {tmp / 'tiny.yaml'}\ninstall: {{kind: sim, repo: {tmp / 'vllm'}}}\n"
-                    "concurrency: 2\ntimeouts: {startup_s: 10, request_s: 5}\n"
+                    "concurrency: 2\ntimeouts: {startup_s: 60, request_s: 20}\n"
                     f"axes:\n  commit: {json.dumps(COMMITS)}\n  spec_method: [none, mtp]\n"
                     "  num_speculative_tokens: [2]\n")
     outcome = run_matrix(path, runs_dir=tmp / "runs", run_id="r")
