@@ -307,13 +307,20 @@ def _duckdb_counts(run: RunDir, names: Sequence[str], where: Mapping[str, Any]) 
         params.append(value if name in _SCALAR_COLUMNS or value is None else canonical(value))
     sql = (f"SELECT {', '.join([*keys, 'count(*) AS n', 'count(*) FILTER (WHERE NOT passed) AS n_failed'])} "
            f"FROM samples {'WHERE ' + ' AND '.join(conds) if conds else ''} {'GROUP BY ALL' if names else ''}")
-    con = duckdb_run(run, ["samples"])
+    import duckdb
+
     try:
-        rel = con.sql(sql, params=params)
-        # DuckDB 2 names it to_arrow_table; 1.x arrow.
-        result = (getattr(rel, "to_arrow_table", None) or rel.arrow)()
-    finally:
-        con.close()
+        con = duckdb_run(run, ["samples"])
+        try:
+            rel = con.sql(sql, params=params)
+            # DuckDB 2 names it to_arrow_table; 1.x arrow.
+            result = (getattr(rel, "to_arrow_table", None) or rel.arrow)()
+        finally:
+            con.close()
+    except (duckdb.IOException, duckdb.InvalidInputException, OSError, pa.ArrowException) as exc:
+        # The footers checked out, but a page did not: damage deeper than the footer.
+        raise StoreError(f"run {run.run_id}: samples files are unreadable ({one_line(str(exc))[:200]}); "
+                         "`sweep runs check` lists the damage") from None
     columns: dict[str, Any] = {name: result.column(f"k{i}").to_pandas() for i, name in enumerate(names)}
     columns["n"] = result.column("n").to_numpy()
     columns["n_failed"] = result.column("n_failed").to_numpy()
