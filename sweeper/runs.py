@@ -77,7 +77,7 @@ def _rebuild(run: RunDir, runs_dir: str | os.PathLike[str], matrix: Path | None)
     if kinds == {"bisect"}:
         return _rebuild_bisect(run, recorded[0], matrix)
     try:
-        plan = make_plan(matrix, runs_dir)
+        plan = make_plan(matrix, os.fspath(runs_dir))
     except SweepError as exc:
         raise StoreError(f"cannot rebuild {where}: {exc}") from None
     return rebuild_manifest(run, plan)

@@ -27,10 +27,10 @@ from pathlib import Path
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from sweeper import cli  # noqa: E402
+from sweeper import cli
 
 EXAMPLES = int(os.environ.get("SWEEP_GENERATED_EXAMPLES", "1000"))
 MATRIX = """name: gen

@@ -135,13 +135,13 @@ def cell_at(matrix: Matrix, cell: Cell, sha: str) -> Cell:
     return make_cell(matrix.spec, {**cell.values, "commit": sha}, order)
 
 
-def _read(runs_dir: Path, kind: str, columns: list[str], expr: Any) -> pa.Table:
+def _read(runs_dir: str | Path, kind: str, columns: list[str], expr: Any) -> pa.Table:
     """Only the columns and rows asked for, over every run: the cost follows what matches, not the
     size of the whole folder."""
     return analysis.read_runs(runs_dir, kind, columns, expr)
 
 
-def load_evidence(runs_dir: Path, targets: Sequence[Target], suite: Suite, shas: set[str],
+def load_evidence(runs_dir: str | Path, targets: Sequence[Target], suite: Suite, shas: set[str],
                   labels: dict[tuple[str, str], str], this_run: str) -> None:
     """Fill each target's evidence from every stored run: samples grouped by server start, and the
     commits where the cell could not be tested."""
@@ -177,7 +177,7 @@ class Bisector:
 
     def __init__(self, *, matrix: Matrix, targets: list[Target], suite: Suite, repo: Path | None,
                  history: History, run: RunDir,
-                 runs_dir: Path, commits: list[str], search_options: dict[str, Any], cache_dir: Path | None,
+                 runs_dir: str | Path, commits: list[str], search_options: dict[str, Any], cache_dir: Path | None,
                  on_event: Callable[[str], None]) -> None:
         self.matrix, self.targets, self.suite, self.repo, self.run = matrix, targets, suite, repo, run
         self.history = history
@@ -337,7 +337,7 @@ def _with_group(tbl: pa.Table, name: str) -> pa.Table:
 
 def run_bisect(*, good: str, bad: str, matrix_path: Path | None = None, from_run: str | None = None,
                where: Sequence[str] = (), repo: str | None = None, parallel: int | None = None,
-               confidence: float = 0.99, max_samples: int | None = None, runs_dir: Path = Path("runs"),
+               confidence: float = 0.99, max_samples: int | None = None, runs_dir: str | Path = "runs",
                run_id: str | None = None, resume: str | None = None, address: str | None = None,
                gpus: float | None = None, cache_dir: Path | None = None, widen: bool = False,
                on_event: Callable[[str], None] = lambda _: None) -> BisectOutcome:
@@ -370,7 +370,7 @@ def _with_repo(matrix: Matrix, repo: str | None) -> Matrix:
         update={"install": matrix.spec.install.model_copy(update={"repo": repo})}))
 
 
-def sweep_run(runs_dir: Path, run_id: str | None) -> RunDir:
+def sweep_run(runs_dir: str | Path, run_id: str | None) -> RunDir:
     """The sweep run a bisect starts from: `run_id`, or the latest `sweep matrix` run."""
     if run_id is not None:
         run = open_run(runs_dir, run_id, create=False)
@@ -392,7 +392,7 @@ def _kind(run: RunDir) -> str | None:
     return kind if isinstance(kind, str) else None
 
 
-def cells_from_run(runs_dir: Path, from_run: str | None, good: str, bad: str, where: Sequence[str],
+def cells_from_run(runs_dir: str | Path, from_run: str | None, good: str, bad: str, where: Sequence[str],
                    repo: str | None, on_event: Callable[[str], None]) -> tuple[Matrix, list[Cell]]:
     """The matrix of a sweep run and its cells worth bisecting: those where some failure mode is
     credibly more (a regression) or less (a fix) frequent at bad than at good, by Fisher's exact test
@@ -466,7 +466,7 @@ def cells_from_run(runs_dir: Path, from_run: str | None, good: str, bad: str, wh
 
 
 def bisect_cells(*, matrix: Matrix, cells: list[Cell], suite: Suite, good: str, bad: str, parallel: int | None,
-                 confidence: float, max_samples: int | None, runs_dir: Path, run_id: str | None, resume: str | None,
+                 confidence: float, max_samples: int | None, runs_dir: str | Path, run_id: str | None, resume: str | None,
                  address: str | None, gpus: float | None, cache_dir: Path | None, widen: bool,
                  on_event: Callable[[str], None]) -> BisectOutcome:
     repo_path = repo_for(matrix, runs_dir)
