@@ -66,7 +66,7 @@ JSONL = '{"messages": [{"role": "user", "content": "from history"}], "max_tokens
 SCHEMA = '{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}\n'
 VALID = {"m.yaml": MATRIX, "s.yaml": SUITE, "p.jsonl": JSONL, "x.json": SCHEMA}
 
-CONTROL = [chr(c) for c in (*range(0, 9), 11, 12, *range(14, 32), 127)]
+CONTROL = [chr(c) for c in (*range(9), 11, 12, *range(14, 32), 127)]
 BAD_UTF8 = [b"\xff", b"\xfe", b"\xc0", b"\x80", b"\xed\xa0\x80", b"\xf8\x88\x80\x80\x80"]
 TAGS = ["!!python/object/apply:os.system", "!!python/name:os.system", "!!python/object/new:os.system",
         "!!python/tuple", "!!binary", "!custom", "!!set", "!!omap", "!!pairs", "!!timestamp", "!<tag:x.org,1:y>"]
@@ -86,7 +86,7 @@ class Case:
 
 def replace_line(text: str, key: str, value: str) -> str:
     """`key: old` (at line start) -> `key: value`."""
-    out, n = re.subn(rf"^{re.escape(key)}: .*$", lambda _: f"{key}: {value}", text, count=1, flags=re.M)
+    out, n = re.subn(rf"^{re.escape(key)}: .*$", lambda _: f"{key}: {value}", text, count=1, flags=re.MULTILINE)
     assert n == 1, key
     return out
 
@@ -238,7 +238,7 @@ def duplicate_key(draw: st.DrawFn) -> Case:
     kind = draw(st.sampled_from(["top", "typed", "case-id", "suite-twice", "axis"]))
     if kind == "top":
         key = draw(st.sampled_from(["name", "model", "repeats", "concurrency", "env", "request"]))
-        line = re.search(rf"^{key}: .*$", MATRIX, re.M).group(0)  # type: ignore[union-attr]
+        line = re.search(rf"^{key}: .*$", MATRIX, re.MULTILINE).group(0)  # type: ignore[union-attr]
         return Case("duplicate-key", {"m.yaml": MATRIX + line + "\n"})
     if kind == "typed":
         a, b = draw(st.sampled_from([("'1'", "1"), ("'null'", "null"), ("'1.5'", "1.5")]))

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import make_sim_repo
+
 from sweeper import analysis, cli
 from sweeper.store import RunDir
 
@@ -43,6 +43,7 @@ def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
 def made(tmp_path_factory: pytest.TempPathFactory, ray_cluster: None) -> tuple[Path, Path]:
     """(matrix file, runs folder with run `r`): 2 commits x 2 spec methods = 4 server groups."""
     from conftest import SUITE
+
     from sweeper.sweep import run_matrix
 
     tmp = tmp_path_factory.mktemp("made")

@@ -22,7 +22,6 @@ from pathlib import Path
 import pandas as pd
 import psutil
 import pytest
-
 from conftest import make_sim_repo
 
 pytest.importorskip("moto", reason="moto[server] (a dev extra) runs the local S3 endpoint")
