@@ -5,13 +5,16 @@ Every axis value is in the `axes` map column (JSON-encoded); the loaders add one
 decoded once per distinct value, not per row. Loaders take a projection (`columns`) and a filter,
 pushed down to the Parquet reader; aggregates over many samples (`failure_counts`) run in DuckDB and
 bring only the aggregate into pandas.
+
+`runs/` is a folder or a pyarrow filesystem URI (`s3://bucket/runs`); only files that check out
+(`RunDir.scan`) are read: a damaged group is left out, and `sweep report` says so.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,30 +22,42 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 
-from sweeper.errors import StoreError, SweepError
+from sweeper.errors import StoreError, SweepError, one_line
 from sweeper.matrix import canonical
-from sweeper.store import CELL_SCHEMA, PROBE_SCHEMA, SAMPLE_SCHEMA, RunDir
+from sweeper.storage import Location
+from sweeper.store import CELL_SCHEMA, MANIFEST, PROBE_SCHEMA, SAMPLE_SCHEMA, RunDir
 
 _TABLES = {"samples": SAMPLE_SCHEMA, "cells": CELL_SCHEMA, "probes": PROBE_SCHEMA}
 
 
-def run_dirs(runs_dir: Path) -> list[RunDir]:
-    if not Path(runs_dir).is_dir():
-        return []
-    return sorted((RunDir(p) for p in Path(runs_dir).iterdir() if (p / "manifest.json").exists()),
-                  key=lambda r: r.manifest_path.stat().st_mtime)
+def run_dirs(runs_dir: str | os.PathLike[str] | Location) -> list[RunDir]:
+    """The runs under `runs_dir` (a folder or a filesystem URI), oldest first: folders with a
+    manifest, or with results whose manifest is lost."""
+    base = Location.parse(runs_dir)
+    found = []
+    for entry in base.listing():
+        if entry.type != pafs.FileType.Directory or entry.base_name.startswith("."):
+            continue
+        run = RunDir(base.join(entry.base_name))
+        inside = {i.base_name: i for i in run.location.listing()}
+        if MANIFEST in inside:
+            found.append((inside[MANIFEST].mtime_ns or 0, run))
+        elif "cells" in inside or "samples" in inside:
+            found.append((entry.mtime_ns or 0, run))
+    return [run for _, run in sorted(found, key=lambda f: (f[0], f[1].run_id))]
 
 
-def latest_run(runs_dir: Path) -> RunDir:
+def latest_run(runs_dir: str | os.PathLike[str] | Location) -> RunDir:
     runs = run_dirs(runs_dir)
     if not runs:
-        raise StoreError(f"no runs under {runs_dir}")
+        raise StoreError(f"no runs under {Location.parse(runs_dir)}")
     return runs[-1]
 
 
 def _files(run: RunDir, kind: str) -> list[str]:
-    return sorted(str(p) for p in (run.root / kind).glob("*.parquet"))
+    return run.files(kind)
 
 
 def load_table(run: RunDir, kind: str, columns: Sequence[str] | None = None,
@@ -59,8 +74,28 @@ def load_table(run: RunDir, kind: str, columns: Sequence[str] | None = None,
         empty = schema.empty_table()
         return empty.select(list(columns)) if columns is not None else empty
     # The declared schema, not inference: a column missing from one file must not vanish.
-    dataset = ds.dataset(files, schema=schema, format="parquet")
-    return dataset.to_table(columns=list(columns) if columns is not None else None, filter=filter)
+    return _read_files(files, run.fs, kind, columns, filter, where=f"run {run.run_id}")
+
+
+def _read_files(files: Sequence[str], fs: pafs.FileSystem, kind: str, columns: Sequence[str] | None,
+                filter: pc.Expression | None, *, where: str) -> pa.Table:
+    try:
+        dataset = ds.dataset(list(files), schema=_TABLES[kind], format="parquet", filesystem=fs)
+        return dataset.to_table(columns=list(columns) if columns is not None else None, filter=filter)
+    except (OSError, pa.ArrowException) as exc:
+        # The footers checked out, but a page did not: damage deeper than the footer.
+        raise StoreError(f"{where}: {kind} files are unreadable ({one_line(str(exc))[:200]}); "
+                         "`sweep runs check` lists the damage") from None
+
+
+def read_runs(runs_dir: str | os.PathLike[str] | Location, kind: str, columns: Sequence[str],
+              filter: pc.Expression | None = None) -> pa.Table:
+    """`columns` of the rows passing `filter` over the sound files of every run under `runs_dir`."""
+    runs = run_dirs(runs_dir)
+    files = [f for run in runs for f in run.files(kind)]
+    if not files:
+        return _TABLES[kind].empty_table().select(list(columns))
+    return _read_files(files, runs[0].fs, kind, columns, filter, where=str(Location.parse(runs_dir)))
 
 
 def _decode(value: str) -> Any:
@@ -156,16 +191,27 @@ def server_starts(cells: pd.DataFrame) -> int:
     return int(cells.groupby(["run_id", "group_id"])["server_starts"].max().sum())
 
 
-def duckdb_connect(runs_dir: Path) -> Any:
-    """A DuckDB connection with `samples`, `cells` and `probes` views over every run under `runs_dir`."""
+def duckdb_connect(runs_dir: str | os.PathLike[str] | Location) -> Any:
+    """A DuckDB connection with `samples`, `cells` and `probes` views over every run under `runs_dir`
+    (the sound files only)."""
     import duckdb
 
     con = duckdb.connect()
+    runs = run_dirs(runs_dir)
     for kind in _TABLES:
-        pattern = str(Path(runs_dir) / "*" / kind / "*.parquet")
-        if list(Path(runs_dir).glob(f"*/{kind}/*.parquet")):
-            con.execute(f"CREATE VIEW {kind} AS SELECT * FROM read_parquet({_sql_str(pattern)}, union_by_name=true)")
+        files = [f for run in runs for f in run.files(kind)]
+        if files and runs[0].local:
+            listed = ", ".join(_sql_str(f) for f in files)
+            con.execute(f"CREATE VIEW {kind} AS SELECT * FROM read_parquet([{listed}], union_by_name=true)")
+        elif files:
+            _register(con, kind, files, runs[0].fs)
     return con
+
+
+def _register(con: Any, kind: str, files: Sequence[str], fs: pafs.FileSystem) -> None:
+    """A view over files on a remote filesystem, read by pyarrow (DuckDB pushes projections and
+    filters down to it)."""
+    con.register(kind, ds.dataset(list(files), schema=_TABLES[kind], format="parquet", filesystem=fs))
 
 
 def duckdb_run(run: RunDir, kinds: Sequence[str] = tuple(_TABLES)) -> Any:
@@ -177,9 +223,11 @@ def duckdb_run(run: RunDir, kinds: Sequence[str] = tuple(_TABLES)) -> Any:
     con = duckdb.connect()
     for kind in kinds:
         files = _files(run, kind)
-        if files:
+        if files and run.local:
             listed = ", ".join(_sql_str(f) for f in files)
             con.execute(f"CREATE VIEW {kind} AS SELECT * FROM read_parquet([{listed}])")
+        elif files:
+            _register(con, kind, files, run.fs)
     return con
 
 
@@ -268,13 +316,20 @@ def _duckdb_counts(run: RunDir, names: Sequence[str], where: Mapping[str, Any]) 
         params.append(value if name in _SCALAR_COLUMNS or value is None else canonical(value))
     sql = (f"SELECT {', '.join([*keys, 'count(*) AS n', 'count(*) FILTER (WHERE NOT passed) AS n_failed'])} "
            f"FROM samples {'WHERE ' + ' AND '.join(conds) if conds else ''} {'GROUP BY ALL' if names else ''}")
-    con = duckdb_run(run, ["samples"])
+    import duckdb
+
     try:
-        rel = con.sql(sql, params=params)
-        # DuckDB 2 names it to_arrow_table; 1.x arrow.
-        result = (getattr(rel, "to_arrow_table", None) or rel.arrow)()
-    finally:
-        con.close()
+        con = duckdb_run(run, ["samples"])
+        try:
+            rel = con.sql(sql, params=params)
+            # DuckDB 2 names it to_arrow_table; 1.x arrow.
+            result = (getattr(rel, "to_arrow_table", None) or rel.arrow)()
+        finally:
+            con.close()
+    except (duckdb.IOException, duckdb.InvalidInputException, OSError, pa.ArrowException) as exc:
+        # The footers checked out, but a page did not: damage deeper than the footer.
+        raise StoreError(f"run {run.run_id}: samples files are unreadable ({one_line(str(exc))[:200]}); "
+                         "`sweep runs check` lists the damage") from None
     columns: dict[str, Any] = {name: result.column(f"k{i}").to_pandas() for i, name in enumerate(names)}
     columns["n"] = result.column("n").to_numpy()
     columns["n_failed"] = result.column("n_failed").to_numpy()

@@ -24,7 +24,10 @@ suite_app = typer.Typer(no_args_is_help=True, help="Inspect replay suites.\n\nEx
 cache_app = typer.Typer(no_args_is_help=True, help="Per-commit vLLM environments cached on this node.\n\n"
                                                     "Example: sweep cache list")
 model_app = typer.Typer(no_args_is_help=True, help="Build models for local tests.\n\nExample: sweep model tiny /tmp/tiny")
+runs_app = typer.Typer(no_args_is_help=True, help="Check stored runs for damage; rebuild a lost manifest.\n\n"
+                                                   "Example: sweep runs check")
 app.add_typer(suite_app, name="suite")
+app.add_typer(runs_app, name="runs")
 app.add_typer(cache_app, name="cache")
 app.add_typer(model_app, name="model")
 
@@ -32,14 +35,34 @@ app.add_typer(model_app, name="model")
 out = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, soft_wrap=True)
 
-RunsDir = Annotated[Path, typer.Option("--runs-dir", help="Folder holding the runs.")]
+# A string, not a Path: a filesystem URI (s3://bucket/prefix) must keep its double slash.
+RunsDir = Annotated[str, typer.Option("--runs-dir", help="Folder holding the runs, or a pyarrow filesystem URI "
+                                                          "(s3://bucket/prefix, gs://…, file://…).")]
+
+
+def warn(message: str) -> None:
+    """A warning: one plain line on stderr."""
+    sys.stderr.write(f"warning: {one_line(message)}\n")
+
+
+def note(message: str) -> None:
+    sys.stderr.write(f"note: {one_line(message)}\n")
+
+
+def warn_damage(run: object) -> None:
+    """One warning line per damaged part of a run that a report reads around."""
+    for damage in run.scan().damage:  # type: ignore[attr-defined]
+        if damage.group_id:
+            warn(f"{damage}; its results are left out (`sweep matrix MATRIX --resume {damage.run_id}` runs it again)")
+        else:
+            warn(str(damage))
 
 
 @app.command("matrix")
 def matrix_cmd(
     file: Annotated[Path, typer.Argument(help="Matrix YAML file.")],
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the servers to start and the cells on each; run nothing.")] = False,
-    runs_dir: RunsDir = Path("runs"),
+    runs_dir: RunsDir = "runs",
     run_id: Annotated[str | None, typer.Option(help="Name of the new run (default: time + matrix name).")] = None,
     resume: Annotated[str | None, typer.Option(help="Continue this run: only groups without results run.")] = None,
     address: Annotated[str | None, typer.Option(help="Ray cluster address (default: RAY_ADDRESS, else a local cluster).")] = None,
@@ -77,18 +100,21 @@ def matrix_cmd(
         outcome = sweep.run_matrix(file, runs_dir=runs_dir, run_id=run_id, resume=resume, address=address,
                                    gpus=gpus, cache_dir=cache_dir, on_group=on_group, on_plan=on_plan)
     finally:
-        progress.stop()
+        if progress.live.is_started:  # stopping a bar never started prints a blank line
+            progress.stop()
+    for line in outcome.notes:
+        note(line)
     cells = load_cells(outcome.run)
     out.print(report.cells_table(cells, title=f"run {outcome.run.run_id}"))
     if outcome.skipped:
         out.print(f"{len(outcome.skipped)} server groups already had results and were not run again.")
-    out.print(f"results: {outcome.run.root}")
+    out.print(f"results: {outcome.run.uri}")
 
 
 @app.command("report")
 def report_cmd(
     run_id: Annotated[str | None, typer.Argument(help="Run to report (default: the latest).")] = None,
-    runs_dir: RunsDir = Path("runs"),
+    runs_dir: RunsDir = "runs",
     rows: Annotated[str | None, typer.Option(help="Heatmap rows: comma-separated axes.")] = None,
     cols: Annotated[str | None, typer.Option(help="Heatmap columns: comma-separated axes.")] = None,
     heatmap: Annotated[Path | None, typer.Option(help="Write a failure-rate heatmap (PNG/SVG) here.")] = None,
@@ -107,7 +133,8 @@ def report_cmd(
     from sweeper.store import open_run
 
     run = open_run(runs_dir, run_id, create=False) if run_id else analysis.latest_run(runs_dir)
-    run.read_manifest()
+    run.manifest_or_empty()  # results of another schema version: one line, stop
+    warn_damage(run)
     if issue:
         from sweeper.bugreport import issue_markdown
 
@@ -122,7 +149,7 @@ def report_cmd(
         from sweeper import compare
 
         other = open_run(runs_dir, against, create=False)
-        other.read_manifest()
+        warn_damage(other)
         result = compare.compare(analysis.load_samples(run), cells, analysis.load_samples(other),
                                  analysis.load_cells(other), suite_a=report.run_suite(run),
                                  suite_b=report.run_suite(other), run_a=run.run_id, run_b=other.run_id)
@@ -146,6 +173,45 @@ def report_cmd(
         from sweeper import html_report
 
         out.print(f"html: {html_report.write(run, html)}")
+
+
+@runs_app.command("check")
+def runs_check(
+    run_id: Annotated[str | None, typer.Argument(help="Run to check (default: every run).")] = None,
+    runs_dir: RunsDir = "runs",
+) -> None:
+    """List damaged runs: lost or corrupt manifests, unreadable or short Parquet files. Exit 1 if any.
+
+    Example: sweep runs check
+    """
+    from sweeper import runs
+
+    damaged = False
+    for health in runs.check(runs_dir, run_id):
+        damaged = damaged or bool(health.scan.damage)
+        for line in health.lines():
+            out.print(line, markup=False, highlight=False, soft_wrap=True)
+    if damaged:
+        raise typer.Exit(1)
+
+
+@runs_app.command("repair")
+def runs_repair(
+    run_id: Annotated[str, typer.Argument(help="Run to repair.")],
+    matrix: Annotated[Path | None, typer.Option("--matrix", help="The matrix file the run was made from "
+                                                   "(default: the one its results record).")] = None,
+    runs_dir: RunsDir = "runs",
+) -> None:
+    """Rebuild a lost or corrupt manifest.json from the matrix file and what the results recorded.
+
+    Damaged groups are run again by `sweep matrix MATRIX --resume RUN`.
+
+    Example: sweep runs repair 20260101-120000-demo
+    """
+    from sweeper import runs
+
+    for line in runs.repair(runs_dir, run_id, matrix):
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 @suite_app.command("show")
@@ -230,7 +296,7 @@ def bisect_cmd(
     confidence: Annotated[float, typer.Option(help="A change is settled when its posterior probability reaches this.")] = 0.99,
     max_samples: Annotated[int | None, typer.Option(help="Stop (reporting what is undecided) after this many requests per cell.")] = None,
     widen: Annotated[bool, typer.Option("--widen", help="If the good endpoint fails, move it back (doubling the distance) until it passes.")] = False,
-    runs_dir: RunsDir = Path("runs"),
+    runs_dir: RunsDir = "runs",
     run_id: Annotated[str | None, typer.Option(help="Name of the new bisect run.")] = None,
     resume: Annotated[str | None, typer.Option(help="Continue this bisect run.")] = None,
     address: Annotated[str | None, typer.Option(help="Ray cluster address (default: a local cluster).")] = None,
@@ -252,7 +318,7 @@ def bisect_cmd(
                                     cache_dir=cache_dir, widen=widen,
                                     on_event=lambda line: err.print(line, markup=False, highlight=False))
     out.print(report.render(outcome.summary), markup=False, highlight=False)
-    out.print(f"results: {outcome.run.root}")
+    out.print(f"results: {outcome.run.uri}")
 
 
 def _mount_sim() -> None:
@@ -266,7 +332,10 @@ _mount_sim()
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        # Without standalone mode click returns the code of a `typer.Exit` instead of exiting.
+        code = app(standalone_mode=False)
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except SweepError as exc:
         # Plain write: one line, never wrapped, whatever the terminal width (or the input's newlines).
         sys.stderr.write(f"error: {one_line(str(exc))}\n")

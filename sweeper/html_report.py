@@ -88,7 +88,7 @@ class _Run:
 def load(run: RunDir) -> _Run:
     from sweeper import report
 
-    manifest = run.read_manifest()
+    manifest = run.manifest_or_empty()
     samples = analysis.load_samples(run).reset_index(drop=True)
     cells = analysis.load_cells(run)
     suite = report.run_suite(run)
@@ -354,13 +354,11 @@ def _cells(r: _Run) -> str:
 # ---- bisect ---------------------------------------------------------------------------------------
 
 def _bisect(r: _Run) -> str:
-    path = r.run.root / "bisect.json"
-    if not path.is_file():
+    if not r.run.file("bisect.json").exists():
         return ""
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        return f'<section id="bisect"><h2>Bisect</h2><p class="bad">bisect.json unreadable: {esc(exc)}</p></section>'
+    summary = r.run.read_json("bisect.json")
+    if not isinstance(summary, dict):
+        return '<section id="bisect"><h2>Bisect</h2><p class="bad">bisect.json unreadable</p></section>'
     commits = [str(c) for c in r.manifest.get("commits") or []]
     position = {c: i for i, c in enumerate(commits)}
     probes = analysis.load_table(r.run, "probes").to_pandas()

@@ -217,7 +217,7 @@ def run_suite(run: RunDir) -> Suite | None:
     digest differs), so failure modes then tell checks apart by name only."""
     from sweeper.sweep import load_suites
 
-    manifest = run.read_manifest()
+    manifest = run.manifest_or_empty()
     paths = manifest.get("suite_path")
     if not paths:  # a bisect's manifest names the matrix, whose suite paths are relative to it
         names = (manifest.get("matrix") or {}).get("suite") or []
@@ -234,7 +234,7 @@ def commit_order(run: RunDir, present: Iterable[str] = ()) -> list[str]:
     """The run's commits oldest first: a bisect's range as stored; a sweep's refs by their depth in
     the repository (`git rev-list --count`), else as the matrix lists them. Commits in `present`
     that the manifest does not name come last."""
-    manifest = run.read_manifest()
+    manifest = run.manifest_or_empty()
     known = manifest.get("commits")
     if isinstance(known, list):
         order = [str(c) for c in known]

@@ -1,26 +1,33 @@
-"""The results on disk: `runs/<run_id>/` with a manifest, Parquet samples and cells, and logs.
+"""The results: `runs/<run_id>/` (a local folder or a filesystem URI such as `s3://bucket/runs`)
+with a manifest, Parquet samples and cells, and logs.
 
 One declared schema per table (with `schema_version` in the Parquet metadata), written one file per
 finished server group with an atomic rename, so a crash never leaves a half file and a resumed run
-knows exactly which groups are done: a group is done when its cells file exists (written last).
+knows exactly which groups are done: a group is done when its cells file exists (written last) and
+both files check out. Each file's metadata records its row count; the cells file also records its
+samples file's row count and size and the run's manifest (all but the matrix), so damage is found
+when a file is read and a lost manifest can be rebuilt. Damaged files are moved aside, never deleted.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from sweeper import __version__, files
-from sweeper.errors import StoreError
+from sweeper import __version__
+from sweeper.errors import StoreError, clip, one_line
+from sweeper.storage import Location, is_temp_name, local_side
 
 SCHEMA_VERSION = 1
 _META = {b"schema_version": str(SCHEMA_VERSION).encode(), b"producer": f"sweeper {__version__}".encode()}
@@ -158,67 +165,393 @@ def table(rows: Iterable[Mapping[str, Any]], schema: pa.Schema) -> pa.Table:
     return pa.Table.from_pydict(cols, schema=schema)
 
 
-def write_atomic(tbl: pa.Table, path: Path) -> None:
-    with files.replacing(path) as tmp:
-        pq.write_table(tbl, tmp)
+def write_atomic(tbl: pa.Table, path: str | os.PathLike[str] | Location) -> None:
+    """One Parquet file (local path or filesystem URI), atomically: whole or absent."""
+    Location.parse(path).write_atomic(parquet_bytes(tbl))
 
 
-def write_json_atomic(data: Any, path: Path) -> None:
-    files.write_json(path, data)
+def write_json_atomic(data: Any, path: str | os.PathLike[str] | Location) -> None:
+    text = json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
+    Location.parse(path).write_atomic(text.encode())
+
+
+def parquet_bytes(tbl: pa.Table, extra: Mapping[str, Any] | None = None) -> pa.Buffer:
+    """`tbl` as a Parquet file in memory, with `schema_version`, the row count and `extra` in its
+    key-value metadata (what a reader checks the file against)."""
+    meta = {**(tbl.schema.metadata or {}), **_META, ROWS_KEY: str(tbl.num_rows).encode()}
+    for key, value in (extra or {}).items():
+        meta[f"sweeper.{key}".encode()] = (value if isinstance(value, str) else json.dumps(value, default=str)).encode()
+    sink = pa.BufferOutputStream()
+    pq.write_table(tbl.replace_schema_metadata(meta), sink)
+    return sink.getvalue()
+
+
+ROWS_KEY = b"sweeper.rows"
+MANIFEST = "manifest.json"
+KINDS = ("samples", "cells", "probes")
+# What of the manifest each cells file carries (all of it but the matrix itself, which can be large):
+# enough to rebuild a lost manifest from the matrix file and the results.
+_IDENTITY_LIMIT = 64 * 1024
+_MANIFEST_LIMIT = 64 * 2**20
+
+
+class DamagedManifest(StoreError):
+    """manifest.json is missing, not JSON, or not a JSON object."""
 
 
 @dataclass(frozen=True)
-class RunDir:
-    """One run's folder."""
+class FileCheck:
+    """What reading one Parquet file's footer found: `problem` None when it is sound."""
 
-    root: Path
+    problem: str | None
+    rows: int = 0
+    meta: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Damage:
+    """One damaged part of a run: the manifest, a server group (its samples and cells files), or
+    one probes file. `files` are relative to the run folder; `why` says what is wrong."""
+
+    run_id: str
+    part: str
+    why: str
+    files: tuple[str, ...] = ()
+    group_id: str | None = None
+
+    def __str__(self) -> str:
+        return f"run {self.run_id}: {self.part}: {self.why}"
+
+
+@dataclass
+class Scan:
+    """A run's files as they are: sound groups, damaged parts, groups stopped between their two
+    writes (`partial`: a samples file without its cells file; never read, re-run on resume)."""
+
+    groups: dict[str, tuple[str, str]] = field(default_factory=dict)  # group -> (samples, cells) paths
+    probes: list[str] = field(default_factory=list)
+    damage: list[Damage] = field(default_factory=list)
+    partial: list[str] = field(default_factory=list)
+    rows: dict[str, int] = field(default_factory=dict)  # group -> sample rows
+
+    def damaged_groups(self) -> list[str]:
+        return [d.group_id for d in self.damage if d.group_id]
+
+
+# Footers already read, by (filesystem, path, size, mtime): a report reads a run several times.
+_CHECKED: dict[tuple[str, str, int | None, int | None], FileCheck] = {}
+
+
+def check_parquet(loc: Location, info: pafs.FileInfo) -> FileCheck:
+    """A Parquet file's footer: readable, of this schema version, holding the rows recorded when
+    it was written."""
+    key = (loc.fs.type_name, loc.path, info.size, info.mtime_ns)
+    found = _CHECKED.get(key)
+    if found is None:
+        found = _check_parquet(loc, info)
+        if len(_CHECKED) > 200_000:
+            _CHECKED.clear()
+        _CHECKED[key] = found
+    return found
+
+
+def _check_parquet(loc: Location, info: pafs.FileInfo) -> FileCheck:
+    try:
+        with loc.fs.open_input_file(loc.path) as f:
+            md = pq.read_metadata(f)
+    except (OSError, pa.ArrowException) as exc:
+        size = f"{info.size:,} bytes" if info.size is not None else "unknown size"
+        return FileCheck(f"not a readable Parquet file ({size}, truncated or overwritten?): "
+                         f"{one_line(str(exc))[:160]}")
+    meta = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in (md.metadata or {}).items()}
+    version = meta.get("schema_version")
+    if version != str(SCHEMA_VERSION):
+        return FileCheck(f"schema version {clip(version)}, this sweep reads {SCHEMA_VERSION}", md.num_rows, meta)
+    written = meta.get(ROWS_KEY.decode())
+    if written is not None and written != str(md.num_rows):
+        return FileCheck(f"holds {md.num_rows} rows, {clip(written)} were written", md.num_rows, meta)
+    return FileCheck(None, md.num_rows, meta)
+
+
+class RunDir:
+    """One run's folder: a local folder or a prefix on a pyarrow filesystem (`s3://…`).
+
+    Every file is written atomically. A group's samples file is written first, then its cells file:
+    the cells file marks the group done, and records the size and row count of its samples file.
+    Readers see only sound groups; `scan()` says what is damaged, `move_aside()` keeps damaged
+    files under `damaged/` so that a resumed run can run those groups again."""
+
+    def __init__(self, root: str | os.PathLike[str] | Location) -> None:
+        self.location = Location.parse(root)
+        self._identity: dict[str, Any] | None = None
+        self._log_uploads: dict[str, tuple[int, int]] = {}
+
+    def __repr__(self) -> str:
+        return f"RunDir({self.location.shown!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RunDir) and self.location == other.location
+
+    def __hash__(self) -> int:
+        return hash(self.location)
 
     @property
     def run_id(self) -> str:
-        return self.root.name
+        return self.location.name
+
+    @property
+    def uri(self) -> str:
+        """The run's place as shown to people (a path, or `s3://bucket/prefix/run`)."""
+        return self.location.shown
+
+    @property
+    def root(self) -> Path:
+        """The run folder, for runs on this machine's disk."""
+        return self.location.as_path()
+
+    @property
+    def local(self) -> bool:
+        return self.location.local
+
+    @property
+    def fs(self) -> pafs.FileSystem:
+        return self.location.fs
+
+    @property
+    def runs_dir(self) -> Location:
+        return self.location.parent
+
+    def file(self, *parts: str) -> Location:
+        return self.location.join(*parts)
+
+    @property
+    def manifest_file(self) -> Location:
+        return self.file(MANIFEST)
 
     @property
     def manifest_path(self) -> Path:
-        return self.root / "manifest.json"
+        """manifest.json of a run on this machine's disk."""
+        return self.root / MANIFEST
 
     @property
     def logs(self) -> Path:
-        return self.root / "logs"
+        """Server logs and process-group files, on this machine: the run's own `logs/` folder, or
+        for a run on an object store a local folder whose logs are copied there with each group."""
+        if self.local:
+            return self.root / "logs"
+        return local_side(self.runs_dir) / self.run_id / "logs"
 
-    def samples_path(self, group_id: str) -> Path:
-        return self.root / "samples" / f"{group_id}.parquet"
+    def samples_path(self, group_id: str) -> Location:
+        return self.file("samples", f"{group_id}.parquet")
 
-    def cells_path(self, group_id: str) -> Path:
-        return self.root / "cells" / f"{group_id}.parquet"
+    def cells_path(self, group_id: str) -> Location:
+        return self.file("cells", f"{group_id}.parquet")
+
+    # ---- reading -------------------------------------------------------------------------------
+
+    def listing(self, kind: str) -> dict[str, pafs.FileInfo]:
+        """`<kind>/*.parquet` by name (temporary files of unfinished writes left out)."""
+        return {i.base_name[:-len(".parquet")]: i for i in self.file(kind).listing()
+                if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")
+                and not i.base_name.startswith(".")}
+
+    def scan(self, *, groups: bool = True, probes: bool = True, manifest: bool = True) -> Scan:
+        """Every Parquet file's footer checked (of the parts asked for); sound groups and damaged parts."""
+        out = Scan()
+        if groups:
+            self._scan_groups(out)
+        if probes:
+            self._scan_probes(out)
+        problem = self.manifest_problem() if manifest else None
+        if problem:
+            out.damage.insert(0, Damage(self.run_id, MANIFEST, problem, (MANIFEST,) if self.manifest_file.exists()
+                                        else ()))
+        return out
+
+    def _scan_groups(self, out: Scan) -> None:
+        samples, cells = self.listing("samples"), self.listing("cells")
+        for gid in sorted(set(samples) | set(cells)):
+            s_info, c_info = samples.get(gid), cells.get(gid)
+            if c_info is None:
+                out.partial.append(gid)
+                continue
+            files = (f"samples/{gid}.parquet", f"cells/{gid}.parquet")
+            why = None
+            c = check_parquet(self.file(files[1]), c_info)
+            s = check_parquet(self.file(files[0]), s_info) if s_info is not None else None
+            if c.problem:
+                why = f"{files[1]}: {c.problem}"
+            elif s is None:
+                why = f"{files[0]} is missing (its cells file is there)"
+            elif s.problem:
+                why = f"{files[0]}: {s.problem}"
+            else:
+                rows, size = c.meta.get("sweeper.samples_rows"), c.meta.get("sweeper.samples_bytes")
+                if rows is not None and rows != str(s.rows):
+                    why = f"{files[0]}: holds {s.rows} rows, {clip(rows)} were written"
+                elif size is not None and s_info is not None and size != str(s_info.size):
+                    why = f"{files[0]}: {s_info.size:,} bytes, {clip(size)} were written"
+            if why:
+                out.damage.append(Damage(self.run_id, f"group {gid}", why,
+                                         tuple(f for f, i in zip(files, (s_info, c_info)) if i is not None), gid))
+            else:
+                out.groups[gid] = (self.file(files[0]).path, self.file(files[1]).path)
+                out.rows[gid] = s.rows if s else 0
+
+    def _scan_probes(self, out: Scan) -> None:
+        for name, info in self.listing("probes").items():
+            rel = f"probes/{name}.parquet"
+            p = check_parquet(self.file(rel), info)
+            if p.problem:
+                out.damage.append(Damage(self.run_id, rel, p.problem, (rel,)))
+            else:
+                out.probes.append(self.file(rel).path)
+
+    def files(self, kind: str) -> list[str]:
+        """The sound `samples`, `cells` or `probes` files (paths on `fs`), by name."""
+        scan = self.scan(groups=kind != "probes", probes=kind == "probes", manifest=False)
+        if kind == "probes":
+            return sorted(scan.probes)
+        index = KINDS.index(kind)
+        return [paths[index] for _, paths in sorted(scan.groups.items())]
 
     def done_groups(self) -> set[str]:
-        """Groups whose results are complete (the cells file is written after the samples file)."""
-        cells = self.root / "cells"
-        if not cells.is_dir():
-            return set()
-        return {p.stem for p in cells.glob("*.parquet") if (self.root / "samples" / p.name).exists()}
+        """Groups whose results are complete and sound (the cells file is written after the samples file)."""
+        return set(self.scan(probes=False, manifest=False).groups)
+
+    def recorded_manifests(self) -> list[dict[str, Any]]:
+        """The manifests (all but the matrix) that the cells files recorded when written, from every
+        cells file whose footer reads: what a lost manifest is rebuilt from."""
+        out = []
+        for name, info in self.listing("cells").items():
+            raw = check_parquet(self.file("cells", f"{name}.parquet"), info).meta.get("sweeper.run")
+            try:
+                data = json.loads(raw) if raw else None
+            except ValueError:
+                data = None
+            if isinstance(data, dict):
+                out.append(data)
+        return out
+
+    def read_bytes(self, *parts: str, limit: int | None = None) -> bytes:
+        return self.file(*parts).read_bytes(limit)
+
+    def read_json(self, *parts: str) -> Any:
+        """A JSON file of the run; None when absent or unreadable."""
+        try:
+            return json.loads(self.read_bytes(*parts, limit=_MANIFEST_LIMIT).decode())
+        except (FileNotFoundError, StoreError, UnicodeDecodeError, ValueError, RecursionError):
+            return None
+
+    def read_manifest(self) -> dict[str, Any]:
+        where = self.manifest_file.shown
+        fix = f"`sweep runs repair {self.run_id}` rebuilds it"
+        try:
+            raw = self.manifest_file.read_bytes(_MANIFEST_LIMIT)
+        except FileNotFoundError:
+            raise DamagedManifest(f"{self.uri}: not a run, or its manifest.json is lost ({fix})") from None
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            raise DamagedManifest(f"{where}: damaged manifest, not JSON ({one_line(str(exc))[:80]}); {fix}") \
+                from None
+        if not isinstance(data, dict):
+            raise DamagedManifest(f"{where}: damaged manifest, a JSON {type(data).__name__} where an object "
+                                  f"belongs; {fix}")
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise StoreError(f"{where}: results of schema version {clip(version)}, this sweep reads "
+                             f"{SCHEMA_VERSION}; use the sweeper version that wrote them")
+        self._identity = _identity(data)
+        return data
+
+    def manifest_problem(self) -> str | None:
+        """Why manifest.json cannot be read (lost, not JSON, not an object), or None."""
+        try:
+            self.read_manifest()
+        except DamagedManifest as exc:
+            return str(exc)
+        except StoreError:
+            return None  # readable, of another schema version: not damage
+        return None
+
+    def manifest_or_empty(self) -> dict[str, Any]:
+        """The manifest, or {} when it is damaged (readers that can do without it)."""
+        try:
+            return self.read_manifest()
+        except DamagedManifest:
+            return {}
+
+    # ---- writing -------------------------------------------------------------------------------
 
     def write_group(self, group_id: str, samples: pa.Table, cells: pa.Table) -> None:
         _check_schema(samples, SAMPLE_SCHEMA, "samples")
         _check_schema(cells, CELL_SCHEMA, "cells")
-        write_atomic(samples, self.samples_path(group_id))
-        write_atomic(cells, self.cells_path(group_id))
+        data = parquet_bytes(samples, {"group": group_id})
+        self.sync_logs()
+        self.samples_path(group_id).write_atomic(data)
+        extra: dict[str, Any] = {"group": group_id, "samples_rows": samples.num_rows, "samples_bytes": data.size}
+        if self._identity is not None:
+            extra["run"] = self._identity
+        self.cells_path(group_id).write_atomic(parquet_bytes(cells, extra))
 
-    def read_manifest(self) -> dict[str, Any]:
-        try:
-            data: dict[str, Any] = json.loads(self.manifest_path.read_text())
-        except FileNotFoundError:
-            raise StoreError(f"{self.root}: not a run (no manifest.json)") from None
-        except json.JSONDecodeError as exc:
-            raise StoreError(f"{self.manifest_path}: unreadable manifest: {exc}") from None
-        version = data.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise StoreError(f"{self.manifest_path}: results of schema version {version}, this sweep reads "
-                             f"{SCHEMA_VERSION}; use the sweeper version that wrote them")
-        return data
+    def write_table(self, rel: str, tbl: pa.Table) -> None:
+        self.file(*rel.split("/")).write_atomic(parquet_bytes(tbl))
+
+    def write_json(self, rel: str, data: Any) -> None:
+        write_json_atomic(data, self.file(*rel.split("/")))
 
     def write_manifest(self, data: Mapping[str, Any]) -> None:
-        write_json_atomic({**data, "schema_version": SCHEMA_VERSION}, self.manifest_path)
+        full = {**data, "schema_version": SCHEMA_VERSION}
+        write_json_atomic(full, self.manifest_file)
+        self._identity = _identity(full)
+
+    def sync_logs(self) -> None:
+        """For a run on an object store: copy server logs that are new or grew since the last copy."""
+        if self.local or not self.logs.is_dir():
+            return
+        for path in sorted(self.logs.glob("*.log")):
+            stat = path.stat()
+            if self._log_uploads.get(path.name) != (stat.st_size, stat.st_mtime_ns):
+                self.file("logs", path.name).write_atomic(path.read_bytes())
+                self._log_uploads[path.name] = (stat.st_size, stat.st_mtime_ns)
+
+    def read_log(self, name: str) -> str | None:
+        """A server log's text (`name` without `.log`), wherever the run is; None when absent."""
+        try:
+            return self.read_bytes("logs", f"{name}.log").decode(errors="replace")
+        except (FileNotFoundError, StoreError):
+            return None
+
+    def move_aside(self, damage: list[Damage]) -> list[str]:
+        """Damaged files to `damaged/<time>/…` of the run (never deleted); returns where they went."""
+        stamp = now_utc().strftime("%Y%m%dT%H%M%S.%fZ")
+        moved = []
+        for part in damage:
+            for rel in part.files:
+                src = self.file(*rel.split("/"))
+                if src.exists():
+                    dst = self.file("damaged", stamp, *rel.split("/"))
+                    src.move(dst)
+                    moved.append(f"{rel} -> damaged/{stamp}/{rel}")
+        return moved
+
+    def clean_temp(self) -> None:
+        """Temporary files of writes that a killed driver never finished (the driver is the only writer)."""
+        for folder in ("", *KINDS, "logs"):
+            for info in self.file(folder).listing() if folder else self.location.listing():
+                if info.type == pafs.FileType.File and is_temp_name(info.base_name):
+                    self.fs.delete_file(info.path)
+
+
+def _identity(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key, value in manifest.items():
+        if key == "matrix":
+            continue
+        if len(json.dumps(value, default=str)) <= _IDENTITY_LIMIT:
+            out[key] = value
+    return out
 
 
 def _check_schema(tbl: pa.Table, schema: pa.Schema, what: str) -> None:
@@ -226,16 +559,17 @@ def _check_schema(tbl: pa.Table, schema: pa.Schema, what: str) -> None:
         raise ValueError(f"{what} table does not match the declared schema")
 
 
-def open_run(runs_dir: Path, run_id: str, *, create: bool) -> RunDir:
+def open_run(runs_dir: str | os.PathLike[str] | Location, run_id: str, *, create: bool) -> RunDir:
     if not RUN_ID_RE.match(run_id):
-        raise StoreError(f"invalid run id {run_id!r}: expected letters, digits, '.', '_' or '-'")
-    root = Path(runs_dir) / run_id
+        raise StoreError(f"invalid run id {clip(run_id)}: expected letters, digits, '.', '_' or '-'")
+    base = Location.parse(runs_dir)
+    root = base.join(run_id)
     if create:
-        if root.exists() and any(root.iterdir()):
+        if root.listing():
             raise StoreError(f"{root} already exists: pick another --run-id, or --resume {run_id}")
-        root.mkdir(parents=True, exist_ok=True)
+        root.make_dir()
     elif not root.is_dir():
-        raise StoreError(f"no run {run_id!r} under {runs_dir}")
+        raise StoreError(f"no run {run_id!r} under {base}")
     return RunDir(root)
 
 

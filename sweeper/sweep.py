@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow.dataset as ds
+
 from sweeper import __version__, gitrepo, history
 from sweeper.cluster import Cluster
-from sweeper.errors import ConfigError, GitError, StoreError
+from sweeper.errors import ConfigError, GitError, StoreError, clip
 from sweeper.matrix import (
     Matrix,
     MatrixFile,
@@ -34,7 +36,8 @@ from sweeper.matrix import (
 )
 from sweeper.runner import GroupJob, GroupResult
 from sweeper.server import kill_leftovers
-from sweeper.store import RunDir, host_info, new_run_id, now_utc, open_run
+from sweeper.storage import Location, local_side
+from sweeper.store import SAMPLE_SCHEMA, RunDir, check_parquet, host_info, new_run_id, now_utc, open_run
 from sweeper.suite import Suite, load_suite
 
 DEFAULT_LOGICAL_GPUS = 4
@@ -66,6 +69,7 @@ class RunOutcome:
     plan: Plan
     ran: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what was repaired before running
 
 
 def sim_repo(spec: str, cache: Path) -> Path:
@@ -89,16 +93,16 @@ def sim_repo(spec: str, cache: Path) -> Path:
     return target
 
 
-def repo_for(matrix: Matrix, runs_dir: Path) -> Path | None:
+def repo_for(matrix: Matrix, runs_dir: str | Path) -> Path | None:
     install = matrix.spec.install
     if install.kind == "preinstalled" or not install.repo:
         if install.kind in ("sim", "source"):
             raise ConfigError("install.repo is required for this install kind", file=matrix.path, key="install.repo")
         return None
     if install.repo.startswith("sim:"):
-        return sim_repo(install.repo, runs_dir / ".cache")
+        return sim_repo(install.repo, local_side(runs_dir) / ".cache")
     if gitrepo.is_url(install.repo):
-        return gitrepo.ensure_clone(install.repo, runs_dir / ".cache" / "repos")
+        return gitrepo.ensure_clone(install.repo, local_side(runs_dir) / ".cache" / "repos")
     return resolve_path(matrix.path, install.repo)
 
 
@@ -113,7 +117,7 @@ def load_suites(paths: tuple[Path, ...]) -> Suite:
                  digest=digest)
 
 
-def make_plan(matrix_path: str | Path, runs_dir: Path, *, resolve: bool = True) -> Plan:
+def make_plan(matrix_path: str | Path, runs_dir: str | Path, *, resolve: bool = True) -> Plan:
     """Everything checkable before a server starts. `resolve=False` (a dry run) leaves refs of a
     remote repository unresolved rather than cloning it."""
     matrix = load_matrix(matrix_path)
@@ -161,6 +165,66 @@ def manifest(plan: Plan, run_id: str) -> dict[str, Any]:
     }
 
 
+def rebuild_manifest(run: RunDir, plan: Plan) -> str:
+    """Write `run`'s lost or damaged manifest.json anew from `plan`, once the results say they were
+    made from it: the manifest each cells file recorded (matrix and suite digests, resolved commits),
+    and the cells' own ids, suite digests and commit shas. Raises StoreError saying what disagrees."""
+    from sweeper import analysis
+
+    where = run.manifest_file
+    digest = short_hash(plan.matrix.raw, 16)
+    recorded = run.recorded_manifests()
+    why = []
+    for rec in recorded:
+        if rec.get("kind", "matrix") != "matrix":
+            why.append(f"the results are of a {clip(rec.get('kind'))} run, not a sweep")
+        if rec.get("matrix_digest") not in (None, digest):
+            why.append(f"the results were made from another matrix (digest {clip(rec.get('matrix_digest'))}; "
+                       f"{plan.matrix.path} now has {digest}): pass the matrix as it was")
+        if rec.get("suite_digest") not in (None, plan.suite.digest):
+            why.append("the results were made with another suite (its digest differs)")
+        if rec.get("commits") not in (None, plan.shas):
+            why.append(f"the results' commits {canonical(rec.get('commits'))[:200]} differ from what the refs "
+                       "resolve to now")
+    # Every result row that reads: the cells of sound groups, the samples of every group (those
+    # of a group cut short between its two writes too).
+    columns = ["cell_id", "suite_digest", "commit", "commit_sha"]
+    facts = analysis.load_table(run, "cells", columns).to_pylist()
+    samples = [f for f in run.files("samples")] + [run.samples_path(g).path for g in run.scan(probes=False,
+                                                                                              manifest=False).partial]
+    readable = [f for f in samples if not check_parquet(Location(run.fs, f, f, run.local),
+                                                        run.fs.get_file_info(f)).problem]
+    if readable:
+        rows = ds.dataset(readable, schema=SAMPLE_SCHEMA, filesystem=run.fs).to_table(columns=columns)
+        facts += rows.group_by(columns).aggregate([]).to_pylist()
+    known = {c.cell_id for c in plan.matrix.cells}
+    for row in facts:
+        if row["cell_id"] not in known:
+            why.append(f"the results hold cell {clip(row['cell_id'])}, which {plan.matrix.path} does not make")
+        elif row["suite_digest"] not in (None, plan.suite.digest):
+            why.append(f"cell {clip(row['cell_id'])} was run with another suite (its digest differs)")
+        elif row["commit_sha"] and plan.shas.get(row["commit"]) not in (None, row["commit_sha"]):
+            why.append(f"cell {clip(row['cell_id'])} ran commit {row['commit_sha'][:12]}, "
+                       f"but {clip(row['commit'])} resolves to {str(plan.shas.get(row['commit']))[:12]} now")
+    if why:
+        raise StoreError(f"cannot rebuild {where}: {why[0]}")
+    data = manifest(plan, run.run_id)
+    first = recorded[0] if recorded else {}
+    data.update({k: first[k] for k in ("created", "host", "sweeper") if k in first})
+    n_cells = len({row["cell_id"] for row in facts})
+    data["repaired"] = {"at": now_utc().isoformat(), "matrix_path": str(plan.matrix.path),
+                        "checked_against": f"{len(recorded)} recorded manifests, {n_cells} cells"}
+    kept = ""
+    if where.exists():
+        from sweeper.store import MANIFEST, Damage
+
+        moved = run.move_aside([Damage(run.run_id, MANIFEST, "damaged", (MANIFEST,))])
+        kept = f"; the damaged one is kept as {moved[0].split(' -> ')[1]}" if moved else ""
+    run.write_manifest(data)
+    return (f"run {run.run_id}: manifest.json rebuilt from {plan.matrix.path}, checked against "
+            f"{len(recorded)} recorded manifests and the rows of {n_cells} cells{kept}")
+
+
 def jobs_for(plan: Plan, run: RunDir, cache_dir: Path | None) -> list[GroupJob]:
     spec = plan.job_spec
     return [GroupJob(run_id=run.run_id, group=g, spec=spec, suite=plan.suite,
@@ -169,19 +233,29 @@ def jobs_for(plan: Plan, run: RunDir, cache_dir: Path | None) -> list[GroupJob]:
             for g in plan.groups]
 
 
-def run_matrix(matrix_path: str | Path, *, runs_dir: Path, run_id: str | None = None, resume: str | None = None,
+def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | None = None, resume: str | None = None,
                address: str | None = None, gpus: float | None = None, cache_dir: Path | None = None,
                on_group: Callable[[GroupJob, GroupResult], None] | None = None,
                on_plan: Callable[[Plan, int], None] | None = None) -> RunOutcome:
     plan = make_plan(matrix_path, runs_dir)
+    notes: list[str] = []
     if resume:
         run = open_run(runs_dir, resume, create=False)
+        if run.manifest_problem():
+            # Rebuilt from this matrix, once the results say they were made from it.
+            notes.append(rebuild_manifest(run, plan))
         old = run.read_manifest()
         if old.get("matrix_digest") != short_hash(plan.matrix.raw, 16) or old.get("suite_digest") != plan.suite.digest:
             raise StoreError(f"run {resume} was made from another matrix or suite; start a new run instead")
         if old.get("commits") != plan.shas:
             raise StoreError(f"run {resume}: a commit ref now resolves elsewhere ({canonical(old.get('commits'))}); "
                              "start a new run instead")
+        # A damaged group is not done: its files go aside (kept) and the group runs again.
+        damage = run.scan(probes=False, manifest=False).damage
+        if damage:
+            notes += [f"{d}: moved aside, runs again" for d in damage]
+            run.move_aside(damage)
+        run.clean_temp()
     else:
         run = open_run(runs_dir, run_id or new_run_id(plan.matrix.name), create=True)
         run.write_manifest(manifest(plan, run.run_id))
@@ -190,7 +264,7 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: Path, run_id: str | None = 
     kill_leftovers(run.logs)
     done = run.done_groups()
     jobs = [j for j in jobs_for(plan, run, cache_dir) if j.group.group_id not in done]
-    outcome = RunOutcome(run, plan, skipped=sorted(done))
+    outcome = RunOutcome(run, plan, skipped=sorted(done), notes=notes)
     if on_plan:
         on_plan(plan, len(jobs))
     if not jobs:

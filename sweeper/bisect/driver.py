@@ -30,14 +30,13 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 from sweeper import __version__, analysis
 from sweeper.bisect import modes as fm
 from sweeper.bisect.report import describe
 from sweeper.bisect.search import BisectReport, Search
 from sweeper.cluster import Cluster
-from sweeper.errors import BisectError
+from sweeper.errors import BisectError, SweepError
 from sweeper.history import History, history_for
 from sweeper.matrix import Cell, Matrix, ServerGroup, canonical, make_cell, with_model_paths
 from sweeper.runner import GroupJob, GroupResult
@@ -51,8 +50,6 @@ from sweeper.store import (
     now_utc,
     open_run,
     table,
-    write_atomic,
-    write_json_atomic,
 )
 from sweeper.suite import Suite
 from sweeper.sweep import load_suites, repo_for, spec_with_repo, sweep_gpus
@@ -139,18 +136,13 @@ def cell_at(matrix: Matrix, cell: Cell, sha: str) -> Cell:
     return make_cell(matrix.spec, {**cell.values, "commit": sha}, order)
 
 
-def _read(runs_dir: Path, kind: str, columns: list[str], expr: Any) -> pa.Table:
+def _read(runs_dir: str | Path, kind: str, columns: list[str], expr: Any) -> pa.Table:
     """Only the columns and rows asked for, over every run: the cost follows what matches, not the
     size of the whole folder."""
-    files = [f for run in analysis.run_dirs(runs_dir) for f in sorted((run.root / kind).glob("*.parquet"))]
-    if not files:
-        return pa.table({c: [] for c in columns})
-    schema = analysis.schema_of(kind)
-    return ds.dataset([str(f) for f in files], schema=schema, format="parquet").to_table(columns=columns,
-                                                                                        filter=expr)
+    return analysis.read_runs(runs_dir, kind, columns, expr)
 
 
-def load_evidence(runs_dir: Path, targets: Sequence[Target], suite: Suite, shas: set[str],
+def load_evidence(runs_dir: str | Path, targets: Sequence[Target], suite: Suite, shas: set[str],
                   labels: dict[tuple[str, str], str], this_run: str) -> None:
     """Fill each target's evidence from every stored run: samples grouped by server start, and the
     commits where the cell could not be tested."""
@@ -186,7 +178,7 @@ class Bisector:
 
     def __init__(self, *, matrix: Matrix, targets: list[Target], suite: Suite, repo: Path | None,
                  history: History, run: RunDir,
-                 runs_dir: Path, commits: list[str], search_options: dict[str, Any], cache_dir: Path | None,
+                 runs_dir: str | Path, commits: list[str], search_options: dict[str, Any], cache_dir: Path | None,
                  on_event: Callable[[str], None]) -> None:
         self.matrix, self.targets, self.suite, self.repo, self.run = matrix, targets, suite, repo, run
         self.history = history
@@ -315,7 +307,7 @@ class Bisector:
                          "gpu_seconds": gpu})
             self.say(f"probe {probe_no} round {self.round}: {sha[:10]} (position {self.commits.index(sha)}) "
                      f"{t.label} -> {status}, {sum(counts.values())}/{len(sets)} failed")
-        write_atomic(table(rows, PROBE_SCHEMA), self.run.root / "probes" / f"{name}.parquet")
+        self.run.write_table(f"probes/{name}.parquet", table(rows, PROBE_SCHEMA))
 
     def drive(self, cluster: Cluster, slots: int) -> list[BisectReport]:
         """Rounds until no search wants a probe; the state after each round goes to bisect.json."""
@@ -335,7 +327,7 @@ class Bisector:
         summary.update({"run_id": self.run.run_id, "final": final, "rounds": self.round, "server_starts": self.probe_no,
                         "reused_samples": self.reused_samples(), "gpu_seconds": self.gpu_seconds,
                         "sweeper": __version__, "updated": now_utc().isoformat()})
-        write_json_atomic(summary, self.run.root / "bisect.json")
+        self.run.write_json("bisect.json", summary)
         return summary
 
 
@@ -346,7 +338,7 @@ def _with_group(tbl: pa.Table, name: str) -> pa.Table:
 
 def run_bisect(*, good: str, bad: str, matrix_path: Path | None = None, from_run: str | None = None,
                where: Sequence[str] = (), repo: str | None = None, parallel: int | None = None,
-               confidence: float = 0.99, max_samples: int | None = None, runs_dir: Path = Path("runs"),
+               confidence: float = 0.99, max_samples: int | None = None, runs_dir: str | Path = "runs",
                run_id: str | None = None, resume: str | None = None, address: str | None = None,
                gpus: float | None = None, cache_dir: Path | None = None, widen: bool = False,
                on_event: Callable[[str], None] = lambda _: None) -> BisectOutcome:
@@ -379,7 +371,7 @@ def _with_repo(matrix: Matrix, repo: str | None) -> Matrix:
         update={"install": matrix.spec.install.model_copy(update={"repo": repo})}))
 
 
-def sweep_run(runs_dir: Path, run_id: str | None) -> RunDir:
+def sweep_run(runs_dir: str | Path, run_id: str | None) -> RunDir:
     """The sweep run a bisect starts from: `run_id`, or the latest `sweep matrix` run."""
     if run_id is not None:
         run = open_run(runs_dir, run_id, create=False)
@@ -396,12 +388,12 @@ def sweep_run(runs_dir: Path, run_id: str | None) -> RunDir:
 def _kind(run: RunDir) -> str | None:
     try:
         kind = run.read_manifest().get("kind")
-    except (OSError, ValueError):
+    except (OSError, ValueError, SweepError):
         return None
     return kind if isinstance(kind, str) else None
 
 
-def cells_from_run(runs_dir: Path, from_run: str | None, good: str, bad: str, where: Sequence[str],
+def cells_from_run(runs_dir: str | Path, from_run: str | None, good: str, bad: str, where: Sequence[str],
                    repo: str | None, on_event: Callable[[str], None]) -> tuple[Matrix, list[Cell]]:
     """The matrix of a sweep run and its cells worth bisecting: those where some failure mode is
     credibly more (a regression) or less (a fix) frequent at bad than at good, by Fisher's exact test
@@ -475,7 +467,7 @@ def cells_from_run(runs_dir: Path, from_run: str | None, good: str, bad: str, wh
 
 
 def bisect_cells(*, matrix: Matrix, cells: list[Cell], suite: Suite, good: str, bad: str, parallel: int | None,
-                 confidence: float, max_samples: int | None, runs_dir: Path, run_id: str | None, resume: str | None,
+                 confidence: float, max_samples: int | None, runs_dir: str | Path, run_id: str | None, resume: str | None,
                  address: str | None, gpus: float | None, cache_dir: Path | None, widen: bool,
                  on_event: Callable[[str], None]) -> BisectOutcome:
     repo_path = repo_for(matrix, runs_dir)

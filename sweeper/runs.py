@@ -1,0 +1,100 @@
+"""`sweep runs check` and `sweep runs repair`: find damaged runs, rebuild a lost manifest.
+
+A run's damage is what `RunDir.scan` finds: a manifest that is lost, not JSON or not an object; a
+group whose cells or samples file does not read, is of another schema version, or holds other than
+the rows (and bytes) recorded when it was written; a probes file that does not read. Damaged groups
+are run again by `sweep matrix MATRIX --resume RUN` (their files moved aside first, never deleted);
+a manifest is rebuilt here from the matrix file and what the results recorded.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sweeper.errors import StoreError, SweepError, clip
+from sweeper.store import MANIFEST, Damage, RunDir, Scan, now_utc, open_run
+
+
+@dataclass
+class RunHealth:
+    run: RunDir
+    scan: Scan
+
+    def lines(self) -> list[str]:
+        if not self.scan.damage:
+            extra = f", {len(self.scan.partial)} unfinished" if self.scan.partial else ""
+            return [f"run {self.run.run_id}: sound ({len(self.scan.groups)} groups{extra})"]
+        return [str(d) for d in self.scan.damage]
+
+
+def check(runs_dir: str | os.PathLike[str], run_id: str | None = None) -> list[RunHealth]:
+    from sweeper import analysis
+
+    runs = [open_run(runs_dir, run_id, create=False)] if run_id else analysis.run_dirs(runs_dir)
+    if not runs:
+        raise StoreError(f"no runs under {runs_dir}")
+    return [RunHealth(run, run.scan()) for run in runs]
+
+
+def repair(runs_dir: str | os.PathLike[str], run_id: str, matrix: Path | None = None) -> list[str]:
+    """Rebuild the run's manifest when it is lost or damaged; say what else needs doing."""
+    run = open_run(runs_dir, run_id, create=False)
+    out = []
+    problem = run.manifest_problem()
+    if problem:
+        out.append(_rebuild(run, runs_dir, matrix))
+    elif matrix is not None:
+        out.append(f"run {run_id}: manifest.json is sound; nothing rebuilt")
+    groups = [d for d in run.scan(manifest=False).damage]
+    if groups:
+        path = matrix or Path(str(run.manifest_or_empty().get("matrix_path") or "MATRIX"))
+        out += [f"{d}: `sweep matrix {path} --resume {run_id}` runs it again" for d in groups]
+    if not out:
+        out.append(f"run {run_id}: nothing to repair")
+    return out
+
+
+def _rebuild(run: RunDir, runs_dir: str | os.PathLike[str], matrix: Path | None) -> str:
+    from sweeper.sweep import make_plan, rebuild_manifest
+
+    recorded = run.recorded_manifests()
+    where = run.manifest_file
+    if matrix is None:
+        paths = {str(r.get("matrix_path")) for r in recorded if r.get("matrix_path")}
+        if not paths:
+            raise StoreError(f"cannot rebuild {where}: no result file records the matrix that made the run "
+                             "(it wrote no group, or was written by an older sweep); pass --matrix FILE")
+        if len(paths) > 1:
+            raise StoreError(f"cannot rebuild {where}: the results name {len(paths)} matrices; pass --matrix FILE")
+        matrix = Path(paths.pop())
+        if not matrix.is_file():
+            raise StoreError(f"cannot rebuild {where}: the matrix that made the run, {clip(str(matrix), 200)}, "
+                             "is gone; pass --matrix FILE with that matrix")
+    kinds = {r.get("kind") for r in recorded}
+    if kinds == {"bisect"}:
+        return _rebuild_bisect(run, recorded[0], matrix)
+    try:
+        plan = make_plan(matrix, os.fspath(runs_dir))
+    except SweepError as exc:
+        raise StoreError(f"cannot rebuild {where}: {exc}") from None
+    return rebuild_manifest(run, plan)
+
+
+def _rebuild_bisect(run: RunDir, recorded: dict[str, Any], matrix_path: Path) -> str:
+    """A bisect's manifest: everything it recorded, with the matrix read again."""
+    from sweeper.matrix import load_matrix
+
+    needed = {"good_sha", "bad_sha", "commits", "settings_keys", "cells", "suite_digest"}
+    missing = sorted(needed - set(recorded))
+    if missing:
+        raise StoreError(f"cannot rebuild {run.manifest_file}: the results do not record {', '.join(missing)}")
+    matrix = load_matrix(matrix_path)
+    data = {**recorded, "matrix": matrix.raw, "matrix_path": str(matrix.path),
+            "repaired": {"at": now_utc().isoformat(), "matrix_path": str(matrix.path)}}
+    if run.manifest_file.exists():
+        run.move_aside([Damage(run.run_id, MANIFEST, "damaged", (MANIFEST,))])
+    run.write_manifest(data)
+    return f"run {run.run_id}: manifest.json rebuilt from the results and {matrix.path}"
