@@ -1,13 +1,19 @@
 """Ray fan-out: one task per server group, GPUs per cell as a Ray resource.
 
-Connects to an existing cluster (`--address` / `RAY_ADDRESS`) or starts a local one, the embedded
-default. A local cluster on a machine without GPUs declares logical GPU slots for simulator cells
-(Ray allows that), never for real vLLM, which needs the real ones.
+Connects to an existing cluster (`--address` / `RAY_ADDRESS`, as inside `ray job submit`) or starts
+a local one, the embedded default. A local cluster on a machine without GPUs declares logical GPU
+slots for simulator cells (Ray allows that), never for real vLLM, which needs the real ones.
+
+A job's repository bundle goes into the object store once and is fetched by a node only when its
+cache lacks it. A group lost with its node or worker (Ray's death errors) is submitted again,
+`MAX_ATTEMPTS` times at most, and the caller hears of each retry; any other failure of a task is
+that group's `error` rows: the sweep goes on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import shutil
@@ -20,7 +26,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from sweeper.errors import ClusterError
-from sweeper.runner import GroupJob, GroupResult, run_group
+from sweeper.runner import GroupJob, GroupResult, error_result, run_group
 
 # Ray's unix socket paths must stay under 107 bytes: its temp dir has to be short.
 _RAY_TMP_PREFIX = "/tmp/sweep-ray-"
@@ -29,16 +35,28 @@ WAIT_S = 1.0
 # a fresh start nearly always works. Bounded, so a machine where Ray cannot start fails clearly.
 INIT_ATTEMPTS = 3
 WARM_TIMEOUT_S = 120.0
+# Attempts per group when its node or worker dies under it (the first one included).
+MAX_ATTEMPTS = 3
+FETCH_TIMEOUT_S = 600.0
+
+
+def _lost_errors() -> tuple[type[BaseException], ...]:
+    """Ray's errors for a task whose node or worker died (or whose result died with its node)."""
+    from ray import exceptions as rex
+
+    return (rex.NodeDiedError, rex.WorkerCrashedError, rex.LocalRayletDiedError, rex.ObjectLostError,
+            rex.OutOfMemoryError)
 
 
 def _remote_run_group() -> Any:
     import ray
 
     # max_calls=0: keep the worker process between groups (a fresh one per GPU task costs ~1 s).
-    # max_retries: a task lost with its node is retried elsewhere; a failing cell is data, not retried.
-    @ray.remote(max_calls=0, max_retries=2, retry_exceptions=False)
+    # max_retries=0: a task lost with its node is submitted again by `Cluster.run`, which records it;
+    # a failing cell is data, never retried.
+    @ray.remote(max_calls=0, max_retries=0, retry_exceptions=False)
     def run_group_task(job: GroupJob) -> GroupResult:
-        return run_group(job)
+        return run_group(job, fetch=lambda ref: ray.get(ref, timeout=FETCH_TIMEOUT_S))
 
     return run_group_task
 
@@ -110,6 +128,7 @@ class Cluster:
         self._started = False
         self._warm = False
         self.warm_pids: set[int] = set()
+        self._bundles: dict[str, Any] = {}  # repository bundle digest -> its object in the store
         # Seconds spent starting Ray and pre-starting its workers: the fixed cost of a run.
         self.timings: dict[str, float] = {}
 
@@ -222,26 +241,61 @@ class Cluster:
                                                               "simulator runs)" if info.local else ""))
         self.warm(gpus_per_cell)
 
+    def _shipped(self, job: GroupJob) -> GroupJob:
+        """The job as it travels: its repository bundle as an object of the store, put there once."""
+        import ray
+
+        source = job.repo
+        if source is None or source.digest is None or not isinstance(source.bundle, bytes):
+            return job
+        if source.digest not in self._bundles:
+            self._bundles[source.digest] = ray.put(source.bundle)
+        return dataclasses.replace(job, repo=source.with_bundle(self._bundles[source.digest]))
+
     def run(self, jobs: Sequence[GroupJob], *, on_start: Callable[[GroupJob], None] | None = None,
-            timeout_s: float | None = None) -> Iterator[tuple[GroupJob, GroupResult]]:
-        """Submit every job; yield each (job, result) as it finishes, in completion order."""
+            on_retry: Callable[[GroupJob, int, str], None] | None = None, timeout_s: float | None = None,
+            max_attempts: int = MAX_ATTEMPTS) -> Iterator[tuple[GroupJob, GroupResult]]:
+        """Submit every job; yield each (job, result) as it finishes, in completion order, exactly
+        once per job. A job lost with its node or worker is submitted again (`on_retry(job, attempt,
+        error)` first), up to `max_attempts` in all, then becomes `error` rows, as does a task that
+        fails in any other way."""
         import ray
 
         task = _remote_run_group()
-        pending: dict[Any, GroupJob] = {}
+        lost = _lost_errors()
+        pending: dict[Any, tuple[GroupJob, int]] = {}
+
+        def submit(job: GroupJob, attempt: int) -> None:
+            ref = task.options(**_task_options(job.spec.gpus_per_cell)).remote(self._shipped(job))
+            pending[ref] = (job, attempt)
+
         for job in jobs:
-            pending[task.options(**_task_options(job.spec.gpus_per_cell)).remote(job)] = job
+            submit(job, 1)
             if on_start:
                 on_start(job)
         try:
             while pending:
                 done, _ = ray.wait(list(pending), num_returns=1, timeout=timeout_s or WAIT_S)
                 for ref in done:
-                    job = pending.pop(ref)
+                    job, attempt = pending.pop(ref)
                     try:
-                        yield job, ray.get(ref, timeout=60)
+                        result = ray.get(ref, timeout=60)
+                    except lost as exc:
+                        error = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+                        if attempt < max_attempts:
+                            if on_retry:
+                                on_retry(job, attempt + 1, error)
+                            submit(job, attempt + 1)
+                            continue
+                        result = error_result(job, f"lost with its node or worker {attempt} times; last: {error}")
+                    except ray.exceptions.TaskCancelledError:
+                        raise ClusterError(f"group {job.group.group_id} was cancelled") from None
                     except ray.exceptions.RayError as exc:
-                        raise ClusterError(f"group {job.group.group_id} was lost: {exc}".splitlines()[0]) from None
+                        # Raised outside the runner's own handling (its arguments, its result): the
+                        # group's rows say so, with Ray's text (a task's error carries its traceback).
+                        text = str(exc)
+                        result = error_result(job, f"{type(exc).__name__}: {text}".splitlines()[0][:500], text)
+                    yield job, result
         finally:
             # On Ctrl-C or an error: interrupt the remaining tasks gently, so each stops its server.
             for ref in pending:

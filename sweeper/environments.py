@@ -104,11 +104,14 @@ def cache_dir_for(install: Install, base_dir: Path, cache_dir: Path | None = Non
 # --- the entry point -----------------------------------------------------------------------------
 
 def prepare(install: Install, commit: str, sha: str | None, *, base_dir: Path,
-            cache_dir: Path | None = None) -> Installed:
-    """The environment for `commit`, installed once per node; raises InstallError with the installer's tail."""
+            cache_dir: Path | None = None, repo: Path | None = None) -> Installed:
+    """The environment for `commit`, installed once per node; raises InstallError with the installer's tail.
+
+    `repo`: this node's copy of the repository (a job's shipped history, `sweeper.portable`);
+    without it `install.repo` is read here (a URL is cloned into this node's cache)."""
     cache = cache_dir_for(install, Path(base_dir), cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
-    recipe = _recipe(install, commit, sha, Path(base_dir), cache)
+    recipe = _recipe(install, commit, sha, Path(base_dir), cache, repo)
     root = cache / recipe.key
     with filelock.FileLock(str(_lock_path(cache, recipe.key)), timeout=INSTALL_TIMEOUT_S):
         meta = _read_meta(root)
@@ -166,7 +169,8 @@ class _Recipe:
                 "created": now, **meta}
 
 
-def _recipe(install: Install, commit: str, sha: str | None, base_dir: Path, cache: Path) -> _Recipe:
+def _recipe(install: Install, commit: str, sha: str | None, base_dir: Path, cache: Path,
+            repo: Path | None = None) -> _Recipe:
     kind = install.kind
     # What changes the installed files names the environment; `versions` only limits a bisect, and an
     # empty `pip_args` is left out so that environments made before it existed keep their names.
@@ -174,7 +178,7 @@ def _recipe(install: Install, commit: str, sha: str | None, base_dir: Path, cach
     if not settings["pip_args"]:
         del settings["pip_args"]
     if kind == "sim":
-        repo = _local_repo(install, base_dir, cache) if install.repo else None
+        repo = repo or (_local_repo(install, base_dir, cache) if install.repo else None)
         if repo is not None and sha is None:
             sha = gitrepo.resolve(repo, commit)
         ident = sha or commit
@@ -191,7 +195,7 @@ def _recipe(install: Install, commit: str, sha: str | None, base_dir: Path, cach
     if kind == "source":
         if not install.repo:
             raise ConfigError("install kind source needs install.repo", key="install.repo")
-        repo = _local_repo(install, base_dir, cache)
+        repo = repo or _local_repo(install, base_dir, cache)
         full = sha or gitrepo.resolve(repo, commit)
         return _Recipe(f"source-{full[:12]}-{_h(settings, full)}", kind, commit, full, install, base_dir, repo)
     if kind == "pip":

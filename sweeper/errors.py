@@ -70,6 +70,10 @@ class ServerError(SweepError):
         super().__init__(message)
 
 
+class MetricsError(SweepError):
+    """A server's /metrics could not be read (unreachable, refused, not 200)."""
+
+
 class GitError(SweepError):
     """A ref or range could not be resolved in a repository."""
 

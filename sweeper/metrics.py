@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from sweeper.errors import MetricsError
+
 # (metric name, sorted label pairs) -> value
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -26,13 +28,46 @@ SUCCESS = "vllm:request_success_total"
 
 
 def scrape(base_url: str, api_key: str | None = None, *, timeout: float = 10.0) -> str:
-    """The server's /metrics text ("" when it cannot be read: figures then count from zero)."""
+    """The server's /metrics text; MetricsError, saying why, when it cannot be read."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         resp = httpx.get(base_url.rstrip("/") + "/metrics", headers=headers, timeout=timeout)
-    except httpx.HTTPError:
-        return ""
-    return resp.text if resp.status_code == 200 else ""
+    except httpx.HTTPError as exc:
+        raise MetricsError(f"GET /metrics failed: {type(exc).__name__}: {exc}".strip()) from None
+    if resp.status_code != 200:
+        raise MetricsError(f"GET /metrics answered HTTP {resp.status_code}")
+    return resp.text
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """One scrape's text, or why there is none."""
+
+    text: str | None
+    error: str = ""
+
+
+def try_scrape(base_url: str, api_key: str | None = None, *, timeout: float = 10.0) -> Scrape:
+    try:
+        return Scrape(scrape(base_url, api_key, timeout=timeout))
+    except MetricsError as exc:
+        return Scrape(None, str(exc))
+
+
+def group_figures(before: Scrape, after: Scrape | None) -> tuple[dict[str, float | list[float] | None], str]:
+    """The `spec_*` columns between two scrapes, and why they are empty when they are. A counter is
+    cumulative since the server started: without the scrape before, its value after is no group's
+    figure, so a missed scrape leaves every figure empty rather than counting from zero.
+    `after` None: the server is gone (its status says so), no figures and nothing more to say."""
+    if after is None:
+        return {}, ""
+    for when, s in (("before", before), ("after", after)):
+        if s.text is None:
+            return {}, f"spec-decode figures left empty: the scrape {when} the replay failed: {s.error}"
+    try:
+        return group_metrics(before.text or "", after.text or "").columns(), ""
+    except ValueError as exc:  # prometheus_client's parser: not the text exposition format
+        return {}, f"spec-decode figures left empty: /metrics is not Prometheus text: {exc}"[:500]
 
 
 def parse(text: str) -> Samples:

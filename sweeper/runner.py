@@ -11,11 +11,15 @@ import codecs
 import os
 import re
 import secrets
+import shutil
 import socket
 import statistics
+import tempfile
 import time
+import traceback
+import zlib
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
@@ -26,6 +30,7 @@ from sweeper import environments, fingerprint, metrics, vllm
 from sweeper.checks import Exchange, run_checks
 from sweeper.errors import InstallError, ServerError, SweepError
 from sweeper.matrix import Cell, MatrixFile, ServerGroup, canonical
+from sweeper.portable import RepoSource, node_repo
 from sweeper.replay import Abort, Reply, Request, run_replay
 from sweeper.server import ServerProcess, free_port, new_api_key, tail
 from sweeper.stats import wilson
@@ -42,19 +47,23 @@ _DROP_ENV = re.compile(r"^(RAY_|PYTEST_|COV_)")
 # once its engine core is gone). A replay that ends on such an answer can finish inside that
 # moment: before calling the server alive, give it this long to exit.
 CRASH_GRACE_S = 5.0
+# An exception inside a group: its traceback's last characters go into the cells' log_tail.
+TRACEBACK_TAIL_CHARS = 3000
 
 
 @dataclass(frozen=True)
 class GroupJob:
-    """Everything a worker needs to run one server group (picklable, no open handles)."""
+    """Everything a worker needs to run one server group (picklable, no open handles), and nothing
+    that names the driver's disk: settings and suite by value, the repository as a `RepoSource`.
+    Paths in `spec` (install.cache_dir, install.python) and `cache_dir` name the same place on
+    every node (made absolute on the driver)."""
 
     run_id: str
     group: ServerGroup
     spec: MatrixFile
     suite: Suite
-    matrix_dir: str
-    log_dir: str
     sha: str | None = None
+    repo: RepoSource | None = None
     cache_dir: str | None = None
     # Only these cells' requests are sent (bisect probes one cell of a group); None = all.
     cell_ids: tuple[str, ...] | None = None
@@ -70,10 +79,22 @@ class GroupResult:
     # Seconds per phase (install, startup, replay, postprocess, total) on the worker: benchmarks
     # and the driver's schedule read them; they are not stored.
     timings: dict[str, float] = field(default_factory=dict)
+    # The server's log, zlib-compressed: written by the driver (`log_text`), never on the worker.
+    log: bytes = b""
 
     @property
     def status(self) -> Status:
         return next(iter(self.statuses.values()), Status.OK)
+
+    def log_text(self) -> str:
+        return zlib.decompress(self.log).decode("utf-8", "replace") if self.log else ""
+
+
+def pack_log(path: Path) -> bytes:
+    try:
+        return zlib.compress(path.read_bytes(), 6)
+    except FileNotFoundError:
+        return b""
 
 
 def _ends_in_server_errors(replies: Sequence[Reply]) -> bool:
@@ -123,16 +144,45 @@ def build_requests(job: GroupJob, cells: Sequence[Cell]) -> list[tuple[Cell, Any
     return out
 
 
-def run_group(job: GroupJob) -> GroupResult:
-    group = job.group
-    cells = [c for c in group.cells if job.cell_ids is None or c.cell_id in job.cell_ids]
-    log_path = Path(job.log_dir) / f"{group.group_id}.log"
+def _as_bytes(bundle: Any) -> bytes:
+    return bytes(bundle)
+
+
+def run_group(job: GroupJob, *, fetch: Callable[[Any], bytes] = _as_bytes) -> GroupResult:
+    """Run one server group on this node; every outcome is rows. An exception inside becomes the
+    group's cells with status `error`, the exception and its traceback tail. The server log is
+    written in a temp folder of this node and comes back compressed in the result. `fetch` turns
+    the job's shipped repository into bytes (the cluster layer passes its object store's get)."""
+    cells = [c for c in job.group.cells if job.cell_ids is None or c.cell_id in job.cell_ids]
     t_start = time.monotonic()
     base = _CellBase(job, cells)
+    workdir = Path(tempfile.mkdtemp(prefix="sweep-group-"))
+    log_path = workdir / "server.log"
     try:
-        installed = environments.prepare(job.spec.install, group.head.commit, job.sha,
-                                         base_dir=Path(job.matrix_dir),
-                                         cache_dir=Path(job.cache_dir) if job.cache_dir else None)
+        try:
+            result = _run_group(job, base, cells, log_path, t_start, fetch)
+        except Exception as exc:  # noqa: BLE001  (a failure is data: the group's cells say what raised)
+            result = base.error(exc, tail(log_path), time.monotonic() - t_start)
+        result.log = pack_log(log_path)
+        return result
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def error_result(job: GroupJob, detail: str, trace: str = "") -> GroupResult:
+    """`error` rows for a group whose run raised where no rows could be made (on the driver)."""
+    cells = [c for c in job.group.cells if job.cell_ids is None or c.cell_id in job.cell_ids]
+    return _CellBase(job, cells).failed(Status.ERROR, detail, trace[-TRACEBACK_TAIL_CHARS:], 0.0)
+
+
+def _run_group(job: GroupJob, base: _CellBase, cells: Sequence[Cell], log_path: Path, t_start: float,
+               fetch: Callable[[Any], bytes]) -> GroupResult:
+    group = job.group
+    try:
+        cache = environments.cache_dir_for(job.spec.install, Path("/"), Path(job.cache_dir) if job.cache_dir else None)
+        # The job's paths are absolute (made so on the driver): no base folder is read here.
+        installed = environments.prepare(job.spec.install, group.head.commit, job.sha, base_dir=Path("/"),
+                                         cache_dir=cache, repo=node_repo(job.repo, cache, fetch))
     except (InstallError, SweepError) as exc:
         return base.failed(Status.INSTALL_FAILED, str(exc), "", time.monotonic() - t_start)
     words = crash.setting_words(group.head.values, group.head.serve, group.head.env)
@@ -157,7 +207,7 @@ def run_group(job: GroupJob) -> GroupResult:
                                                "started", "", time.monotonic() - t_start)
         startup_s = min(startup_s, deadline - time.monotonic())
     server = ServerProcess(launch.argv, server_env(launch.env), port=port, log_path=log_path,
-                           startup_timeout_s=startup_s, pid_file=Path(job.log_dir) / f"{group.group_id}.pgid")
+                           startup_timeout_s=startup_s)
     base.server = server
     requests = build_requests(job, cells)
     live = _LiveJudge(base, requests, log_path)
@@ -166,7 +216,7 @@ def run_group(job: GroupJob) -> GroupResult:
         with environments.in_use(installed), server, live:
             base.startup_s = server.startup_s
             t_replay = time.monotonic()
-            before = metrics.scrape(server.base_url, api_key)
+            before = metrics.try_scrape(server.base_url, api_key)
             outcome = run_replay(server.base_url, api_key, [r for _, _, r in requests],
                                  concurrency=job.spec.concurrency, timeout_s=job.spec.timeouts.request_s,
                                  alive=server.alive, on_reply=live.on_reply, deadline=deadline)
@@ -179,7 +229,7 @@ def run_group(job: GroupJob) -> GroupResult:
                 alive_after = not _exits_within(server, CRASH_GRACE_S)
                 log_text = server.log_text()
                 died = died or crash.engine_died(log_text)
-            after = metrics.scrape(server.base_url, api_key) if alive_after and not died else None
+            after = metrics.try_scrape(server.base_url, api_key) if alive_after and not died else None
             timings["replay"] = time.monotonic() - t_replay
     except ServerError as exc:
         log = exc.log_tail or tail(log_path)
@@ -214,7 +264,8 @@ def run_group(job: GroupJob) -> GroupResult:
         detail = f"{sum(r.timed_out for r in outcome.replies)} requests timed out"
     effective = vllm.effective_config(log_text)
     # One scrape before and one after the group's replay: the figures are the group's (see metrics).
-    spec_figures = metrics.group_metrics(before, after).columns() if after is not None else {}
+    spec_figures, metrics_note = metrics.group_figures(before, after)
+    detail = "; ".join(d for d in (detail, metrics_note) if d)
     finger = fingerprint.collect(installed)
     judged = live.finish(outcome.replies, log_text)
     samples: list[dict[str, Any]] = []
@@ -410,6 +461,12 @@ class _CellBase:
             "ttft_p50_s": statistics.median(ttfts) if ttfts else None,
             "latency_p50_s": statistics.median(latencies) if latencies else None,
         }
+
+    def error(self, exc: BaseException, log_tail: str, duration: float) -> GroupResult:
+        trace = "".join(traceback.format_exception(exc))[-TRACEBACK_TAIL_CHARS:]
+        detail = f"{type(exc).__name__}: {exc}".splitlines()[0][:500] if str(exc) else type(exc).__name__
+        text = trace + (f"\n--- server log tail ---\n{log_tail}" if log_tail else "")
+        return self.failed(Status.ERROR, detail, text, duration)
 
     def failed(self, status: Status, detail: str, log_tail: str, duration: float, *,
                signature: str | None = None) -> GroupResult:

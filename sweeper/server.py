@@ -1,9 +1,13 @@
 """One server process group, owned by a context manager.
 
-The server (real `vllm serve` or the simulator) runs as the leader of its own session, so its
-children (engine core, workers) are stopped with it: TERM to the group, a grace period, KILL, then
-`wait()`. Readiness polls `/health` against a monotonic deadline and fails fast when the process
-has exited. Output goes to a log file that checks and the effective-config parser read.
+The server (real `vllm serve` or the simulator) runs in its own session, so its children (engine
+core, workers) are stopped with it: TERM to the group, a grace period, KILL, then `wait()`.
+Readiness polls `/health` against a monotonic deadline and fails fast when the process has exited.
+Output goes to a log file that checks and the effective-config parser read.
+
+A server never outlives the process that started it (a Ray worker, a test): the session is led by
+a small guard that starts the server as its child, passes its exit status on, and stops the whole
+group (TERM, grace, KILL) as soon as its owner is gone, whatever killed the owner, on any node.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import secrets
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -25,6 +30,40 @@ import psutil
 from sweeper.errors import ServerError
 
 LOG_TAIL_LINES = 40
+GUARD_POLL_S = 0.2
+
+# The guard: leader of the server's session, `python -I -S -c GUARD <owner pid> <grace s> argv...`.
+# Standard library only (it starts in ~20 ms). TERM/INT reach the whole group: the guard ignores them
+# and waits for the server, whose exit (status or signal) it repeats as its own.
+GUARD = """
+import os, signal, subprocess, sys, time
+owner, grace, argv = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
+try:
+    child = subprocess.Popen(argv)
+except OSError as exc:
+    print(f"cannot start {argv[0]}: {exc}", file=sys.stderr, flush=True)
+    sys.exit(127)
+# After the start: an ignored signal stays ignored across exec, and the server must get them.
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+while True:
+    try:
+        code = child.wait(timeout=%(poll)s)
+        break
+    except subprocess.TimeoutExpired:
+        pass
+    if os.getppid() != owner:
+        print(f"sweep: the process that started this server ({owner}) is gone: stopping it", flush=True)
+        os.killpg(0, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.killpg(0, signal.SIGKILL)
+if code < 0:
+    signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+sys.exit(code)
+""" % {"poll": GUARD_POLL_S}
 
 
 def free_port() -> int:
@@ -54,8 +93,7 @@ class ServerProcess:
     """Start `argv` with `env` in its own process group; ready when `/health` answers 200."""
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], *, port: int, log_path: Path,
-                 startup_timeout_s: float, grace_s: float = 10.0, cwd: Path | None = None,
-                 pid_file: Path | None = None) -> None:
+                 startup_timeout_s: float, grace_s: float = 10.0, cwd: Path | None = None) -> None:
         self.argv = list(argv)
         self.env = dict(env)
         self.port = port
@@ -63,9 +101,6 @@ class ServerProcess:
         self.startup_timeout_s = startup_timeout_s
         self.grace_s = grace_s
         self.cwd = cwd
-        # The process group id is written here while the server runs, so whoever owns the run can
-        # still stop the group if this process is killed before it could (see `kill_leftovers`).
-        self.pid_file = pid_file
         self.proc: subprocess.Popen[bytes] | None = None
         self.startup_s: float | None = None
         self.starts = 0  # processes started (a start that never became healthy counts too)
@@ -89,18 +124,17 @@ class ServerProcess:
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        guard = [sys.executable, "-I", "-S", "-c", GUARD, str(os.getpid()), str(self.grace_s)]
         # The server keeps its own copy of the descriptor: ours is closed once it has started.
         with open(self.log_path, "ab") as log:
             try:
-                self.proc = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL,
-                                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                self.proc = subprocess.Popen([*guard, *self.argv], env=self.env, cwd=self.cwd,
+                                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                             start_new_session=True)
             except OSError as exc:
                 raise ServerError(f"cannot start {self.argv[0]}: {exc}") from None
         self.starts += 1
         self._t0 = time.monotonic()
-        if self.pid_file is not None:
-            # With the start time, a recycled pid is never mistaken for our server.
-            self.pid_file.write_text(f"{self.proc.pid} {psutil.Process(self.proc.pid).create_time()}")
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -146,8 +180,6 @@ class ServerProcess:
             time.sleep(0.05)
         _signal_group(pgid, signal.SIGKILL)
         self.proc.wait()
-        if self.pid_file is not None:
-            self.pid_file.unlink(missing_ok=True)
 
     def log_text(self) -> str:
         try:
@@ -172,7 +204,8 @@ def _group_alive(pgid: int) -> bool:
 
 
 def kill_leftovers(folder: Path) -> list[int]:
-    """KILL the process groups of servers whose owner died without stopping them (`*.pgid` files)."""
+    """KILL the process groups that `*.pgid` files in `folder` name. Servers are guarded now (they
+    stop when their owner dies) and write no such files; runs made by earlier versions have them."""
     killed = []
     for pid_file in folder.glob("*.pgid"):
         try:

@@ -17,6 +17,7 @@ class Status(StrEnum):
     SERVER_FAILED = "server_failed"
     TIMEOUT = "timeout"
     CRASHED = "crashed"
+    ERROR = "error"  # the group raised: a bug of the sweeper or of its inputs, with its traceback
 
 
 class ProbeStatus(StrEnum):
@@ -28,4 +29,5 @@ class ProbeStatus(StrEnum):
     SERVER_FAILED = Status.SERVER_FAILED.value
     TIMEOUT = Status.TIMEOUT.value
     CRASHED = Status.CRASHED.value
+    ERROR = Status.ERROR.value
     MISSING = "missing"

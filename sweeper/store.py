@@ -501,6 +501,11 @@ class RunDir:
     def write_json(self, rel: str, data: Any) -> None:
         write_json_atomic(data, self.file(*rel.split("/")))
 
+    def write_log(self, name: str, text: str) -> None:
+        """A server's log (`logs/<name>.log`), as its group's result brought it back: written here by
+        the driver, never on a worker, wherever the run is."""
+        self.file("logs", f"{name}.log").write_atomic(text.encode("utf-8"))
+
     def write_manifest(self, data: Mapping[str, Any]) -> None:
         full = {**data, "schema_version": SCHEMA_VERSION}
         write_json_atomic(full, self.manifest_file)

@@ -25,6 +25,7 @@ from sweeper import __version__, gitrepo, history
 from sweeper.cluster import Cluster
 from sweeper.errors import ConfigError, GitError, StoreError, clip
 from sweeper.matrix import (
+    Install,
     Matrix,
     MatrixFile,
     ServerGroup,
@@ -34,8 +35,8 @@ from sweeper.matrix import (
     short_hash,
     with_model_paths,
 )
+from sweeper.portable import RepoSource
 from sweeper.runner import GroupJob, GroupResult
-from sweeper.server import kill_leftovers
 from sweeper.storage import Location, local_side
 from sweeper.store import SAMPLE_SCHEMA, RunDir, check_parquet, host_info, new_run_id, now_utc, open_run
 from sweeper.suite import Suite, load_suite
@@ -53,7 +54,11 @@ class Plan:
 
     @property
     def job_spec(self) -> MatrixFile:
-        return spec_with_repo(with_model_paths(self.matrix.spec, self.matrix.path), self.repo)
+        return portable_spec(self.matrix)
+
+    @property
+    def repo_source(self) -> RepoSource | None:
+        return repo_source(self.matrix.spec.install, self.repo)
 
     @property
     def n_cells(self) -> int:
@@ -146,12 +151,28 @@ def make_plan(matrix_path: str | Path, runs_dir: str | Path, *, resolve: bool = 
     return Plan(matrix, suite, repo, shas, matrix.groups())
 
 
-def spec_with_repo(spec: MatrixFile, repo: Path | None) -> MatrixFile:
-    """The settings workers get: `install.repo` as the local path it was resolved to (a `sim:` name
-    or URL means nothing on a worker). Cell identities keep the repo as written."""
-    if repo is None:
+def portable_spec(matrix: Matrix) -> MatrixFile:
+    """The settings workers get. Paths that name a place on every node (model paths, install.cache_dir,
+    install.python) become absolute, as the matrix meant them; nothing else names the driver's disk.
+    `install.repo` stays as written: a worker reads the repository only from its `RepoSource`."""
+    spec = with_model_paths(matrix.spec, matrix.path)
+    install = spec.install
+    update = {k: str(resolve_path(matrix.path, v)) for k, v in (("cache_dir", install.cache_dir),
+                                                                  ("python", install.python)) if v}
+    if not update:
         return spec
-    return spec.model_copy(update={"install": spec.install.model_copy(update={"repo": str(Path(repo).resolve())})})
+    return spec.model_copy(update={"install": install.model_copy(update=update)})
+
+
+def repo_source(install: Install, repo: Path | None) -> RepoSource | None:
+    """How workers get the repository: a URL is cloned on each node; a local repository or a `sim:`
+    history travels as a git bundle (made once per state of the repository). Only
+    the kinds that build from the repository on the node (sim, source) need one."""
+    if repo is None or install.kind not in ("sim", "source") or not install.repo:
+        return None
+    if gitrepo.is_url(install.repo):
+        return RepoSource.of_url(install.repo)
+    return RepoSource.bundle_of(Path(repo))
 
 
 def manifest(plan: Plan, run_id: str) -> dict[str, Any]:
@@ -226,11 +247,18 @@ def rebuild_manifest(run: RunDir, plan: Plan) -> str:
 
 
 def jobs_for(plan: Plan, run: RunDir, cache_dir: Path | None) -> list[GroupJob]:
-    spec = plan.job_spec
-    return [GroupJob(run_id=run.run_id, group=g, spec=spec, suite=plan.suite,
-                     matrix_dir=str(Path(plan.matrix.path).parent), log_dir=str(run.logs),
-                     sha=plan.shas.get(g.head.commit), cache_dir=str(cache_dir) if cache_dir else None)
+    spec, source = plan.job_spec, plan.repo_source
+    return [GroupJob(run_id=run.run_id, group=g, spec=spec, suite=plan.suite, sha=plan.shas.get(g.head.commit),
+                     repo=source, cache_dir=str(Path(cache_dir).absolute()) if cache_dir else None)
             for g in plan.groups]
+
+
+def record_retry(run: RunDir, job: GroupJob, attempt: int, error: str) -> None:
+    """A group lost with its node or worker and submitted again: `manifest.json` lists it."""
+    data = run.read_manifest()
+    data.setdefault("retried", []).append({"group_id": job.group.group_id, "attempt": attempt, "error": error,
+                                           "at": now_utc().isoformat()})
+    run.write_manifest(data)
 
 
 def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | None = None, resume: str | None = None,
@@ -259,9 +287,6 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | N
     else:
         run = open_run(runs_dir, run_id or new_run_id(plan.matrix.name), create=True)
         run.write_manifest(manifest(plan, run.run_id))
-    run.logs.mkdir(parents=True, exist_ok=True)
-    # Servers left running by an interrupted earlier attempt of this run are stopped first.
-    kill_leftovers(run.logs)
     done = run.done_groups()
     jobs = [j for j in jobs_for(plan, run, cache_dir) if j.group.group_id not in done]
     outcome = RunOutcome(run, plan, skipped=sorted(done), notes=notes)
@@ -269,16 +294,16 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | N
         on_plan(plan, len(jobs))
     if not jobs:
         return outcome
-    try:
-        with Cluster(address, logical_gpus=sweep_gpus(plan.matrix, gpus)) as cluster:
-            cluster.preflight(plan.matrix.spec.gpus_per_cell)
-            for job, result in cluster.run(jobs):
-                run.write_group(result.group_id, result.samples, result.cells)
-                outcome.ran.append(result.group_id)
-                if on_group:
-                    on_group(job, result)
-    finally:
-        kill_leftovers(run.logs)
+    with Cluster(address, logical_gpus=sweep_gpus(plan.matrix, gpus)) as cluster:
+        cluster.preflight(plan.matrix.spec.gpus_per_cell)
+        for job, result in cluster.run(jobs, on_retry=lambda j, n, e: record_retry(run, j, n, e)):
+            # The log first (a group without a server has none): a group is done once its cells are written.
+            if result.log:
+                run.write_log(result.group_id, result.log_text())
+            run.write_group(result.group_id, result.samples, result.cells)
+            outcome.ran.append(result.group_id)
+            if on_group:
+                on_group(job, result)
     return outcome
 
 

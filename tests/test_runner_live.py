@@ -4,11 +4,13 @@ A whole group in-process (a real simulator server) for what the runner counts an
 
 from __future__ import annotations
 
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
+import pytest
 from conftest import make_sim_repo
 
 from sweeper import analysis
@@ -96,10 +98,14 @@ def test_server_starts_are_counted_per_group(tmp_path: Path, tiny_suite: Path) -
     assert analysis.server_starts(result.cells.to_pandas()) == 1
 
 
-def test_a_group_past_group_s_ends_as_timeout_with_its_server_stopped(tmp_path: Path, tiny_suite: Path) -> None:
+def test_a_group_past_group_s_ends_as_timeout_with_its_server_stopped(tmp_path: Path, tiny_suite: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     # Every answer takes over a minute (64 tokens at 1 s); the group may take 8 s in all. Where the
     # time runs out (usually in the replay; on a loaded machine maybe in start-up) the group ends there.
     job = _group_job(tmp_path, tiny_suite, {"token_latency_s": 1.0}, "timeouts: {group_s: 8}\n")
+    node_tmp = tmp_path / "node-tmp"  # where the group writes its server's log on this node
+    node_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(node_tmp))
     t0 = time.monotonic()
     result = run_group(job)
     took = time.monotonic() - t0
@@ -108,4 +114,4 @@ def test_a_group_past_group_s_ends_as_timeout_with_its_server_stopped(tmp_path: 
     assert all(c["status_detail"].startswith("timeouts.group_s (8s) ran out") for c in cells)
     assert result.samples.num_rows == 0  # requests cut off by the deadline are not samples
     assert took < 60  # not the minute a single answer would take
-    assert _holding(Path(job.log_dir)) == [] and not list(Path(job.log_dir).glob("*.pgid"))
+    assert _holding(node_tmp) == [] and list(node_tmp.iterdir()) == []  # server gone, its folder too

@@ -188,8 +188,7 @@ def test_cpu_matrix_cells_through_the_runner(installed, model, work, monkeypatch
     groups = {g.head.cell_id: g for g in MATRIX.groups()}
     rows = {}
     for c in (ok_cell, refused):
-        job = GroupJob(run_id="t", group=groups[c.cell_id], spec=spec, suite=suite, matrix_dir=str(ROOT / "matrices"),
-                       log_dir=str(work / "e2e" / "logs"), repeats_override=1, sha="0.32.0",
+        job = GroupJob(run_id="t", group=groups[c.cell_id], spec=spec, suite=suite, repeats_override=1, sha="0.32.0",
                        cache_dir=str(VLLM_CACHE) if VLLM_CACHE else None)
         result = run_group(job)
         rows[c.cell_id] = (result.cells.to_pylist()[0], result.samples.to_pylist())
@@ -242,8 +241,7 @@ def test_real_releases_crash_budget_and_draft_model(model, work, monkeypatch) ->
     groups = {(g.head.commit, g.head.spec_method): g for g in RELEASES.groups()}
     rows = {}
     for key in (("0.30.0", "ngram"), ("0.32.0", "ngram"), ("0.32.0", "none"), ("0.32.0", "draft_model")):
-        job = GroupJob(run_id="t", group=groups[key], spec=spec, suite=suite, matrix_dir=str(ROOT / "matrices"),
-                       log_dir=str(scratch / "logs"), sha=key[0],
+        job = GroupJob(run_id="t", group=groups[key], spec=spec, suite=suite, sha=key[0],
                        cache_dir=str(VLLM_CACHE) if VLLM_CACHE else None)
         result = run_group(job)
         rows[key] = (result.cells.to_pylist()[0], result.samples.to_pylist())

@@ -38,7 +38,7 @@ from sweeper.bisect.search import BisectReport, Search
 from sweeper.cluster import Cluster
 from sweeper.errors import BisectError, SweepError
 from sweeper.history import History, history_for
-from sweeper.matrix import Cell, Matrix, ServerGroup, canonical, make_cell, with_model_paths
+from sweeper.matrix import Cell, Matrix, ServerGroup, canonical, make_cell
 from sweeper.runner import GroupJob, GroupResult
 from sweeper.server import kill_leftovers
 from sweeper.status import ProbeStatus
@@ -52,7 +52,7 @@ from sweeper.store import (
     table,
 )
 from sweeper.suite import Suite
-from sweeper.sweep import load_suites, repo_for, spec_with_repo, sweep_gpus
+from sweeper.sweep import load_suites, portable_spec, repo_for, repo_source, sweep_gpus
 
 
 @dataclass
@@ -257,10 +257,9 @@ class Bisector:
             group = ServerGroup(cells[0].server_key, cells)
             self.probe_no += 1
             repeats = max(1, math.ceil(max(n for _, n in wants) / self._requests_per_repeat()))
-            job = GroupJob(run_id=self.run.run_id, group=group, spec=spec_with_repo(with_model_paths(self.matrix.spec, self.matrix.path), self.repo),
-                           suite=self.suite, matrix_dir=str(Path(self.matrix.path).parent),
-                           log_dir=str(self.run.logs), sha=sha,
-                           cache_dir=str(self.cache_dir) if self.cache_dir else None,
+            job = GroupJob(run_id=self.run.run_id, group=group, spec=portable_spec(self.matrix),
+                           suite=self.suite, sha=sha, repo=repo_source(self.matrix.spec.install, self.repo),
+                           cache_dir=str(Path(self.cache_dir).absolute()) if self.cache_dir else None,
                            cell_ids=tuple(c.cell_id for c in cells), repeats_override=repeats)
             jobs.append(job)
             served[group.group_id] = (self.probe_no, [t for t, _ in wants])
@@ -275,7 +274,9 @@ class Bisector:
         # repeated starts of one server key apart (per-start variation is learned from them).
         samples_t = _with_group(result.samples, name)
         cells_t = _with_group(result.cells, name)
-        # Samples and cells first, the probe rows last: a probe row means its samples are on disk.
+        # Log, samples and cells first, the probe rows last: a probe row means its samples are on disk.
+        if result.log:
+            self.run.write_log(name, result.log_text())
         self.run.write_group(name, samples_t, cells_t)
         result = GroupResult(name, samples_t, cells_t, result.statuses)
         found = []
