@@ -60,9 +60,13 @@ while True:
             time.sleep(0.05)
         os.killpg(0, signal.SIGKILL)
 if code < 0:
-    signal.signal(-code, signal.SIG_DFL)
+    try:
+        signal.signal(-code, signal.SIG_DFL)
+    except (OSError, ValueError):
+        pass  # SIGKILL, SIGSTOP: their action is the default one already
     os.kill(os.getpid(), -code)
-sys.exit(code)
+    time.sleep(1)
+sys.exit(code if code >= 0 else 128 - code)
 """ % {"poll": GUARD_POLL_S}
 
 

@@ -3,7 +3,8 @@
 The head runs here (no CPUs, no GPUs: no group ever runs on it) with the job server. Each worker
 node is a `ray start --block` inside its own mount namespace (`unshare --mount`), where tmpfs
 mounts hide the folders the test names (the driver's runs dir, matrix dir and caches) and HOME is a
-fresh folder: a worker that reads a driver path finds nothing there. Every node runs in a process
+fresh folder: a worker that reads a driver path finds nothing there. Each has a host name of its own
+too (`--uts`), so rows say which node ran them. Every node runs in a process
 group of its own, which is how a test kills one (a lost node) and how everything is stopped.
 """
 
@@ -44,10 +45,11 @@ def unshare_refused() -> str | None:
     """Why worker nodes cannot get their own mount namespace here, or None when they can."""
     if shutil.which("unshare") is None:
         return "unshare is not installed"
-    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                            "mount -t tmpfs tmpfs /mnt"], capture_output=True, text=True, check=False)
+    probe = subprocess.run(["unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c",
+                            "mount -t tmpfs tmpfs /mnt && hostname sweep-probe"], capture_output=True, text=True,
+                           check=False)
     if probe.returncode != 0:
-        return f"unshare --mount with a tmpfs mount is refused: {probe.stderr.strip()[:200]}"
+        return f"unshare --mount --uts with a tmpfs mount is refused: {probe.stderr.strip()[:200]}"
     return None
 
 
@@ -93,6 +95,9 @@ class NamespacedCluster:
                 "--dashboard-agent-listen-port", str(free_port())]
         self._start("head", argv, self.env)
 
+    def hostname(self, name: str) -> str:
+        return f"sweep-{name}-{self.token}"
+
     def add_worker(self, name: str, gpus: int = 2) -> None:
         home = self.workdir / f"home-{name}"  # inside a hidden folder: exists only in that namespace
         mounts = " && ".join(f"mount -t tmpfs tmpfs {shlex.quote(str(p))}" for p in self.hide)
@@ -100,8 +105,9 @@ class NamespacedCluster:
                "--num-cpus", "1", "--num-gpus", str(gpus), "--temp-dir", self._temp(name),
                "--object-store-memory", str(STORE_BYTES), "--dashboard-agent-listen-port", str(free_port()),
                "--resources", f'{{"node-{name}": 1}}']
-        script = f"{mounts} && mkdir -p {shlex.quote(str(home))} && exec {shlex.join(ray)}"
-        self._start(name, ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        script = (f"hostname {self.hostname(name)} && {mounts} && mkdir -p {shlex.quote(str(home))} && "
+                  f"exec {shlex.join(ray)}")
+        self._start(name, ["unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c", script],
                     {**self.env, "HOME": str(home)})
 
     def wait_nodes(self, n: int, timeout: float = 180.0) -> None:

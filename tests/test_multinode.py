@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -39,6 +40,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NamespacedClus
     c = NamespacedCluster(hide=[root, caches], workdir=root)
     try:
         c.start_head()
+        c.wait_nodes(1)  # a worker node started before the head is registered gives up
         c.add_worker("w1")
         c.add_worker("w2")
         c.wait_nodes(3)
@@ -73,10 +75,13 @@ def sweep(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.C
                           timeout=timeout, check=False)
 
 
-def check_run(run: RunDir, groups: int, cells: int, samples_per_cell: int) -> tuple[object, object]:
+def check_run(cluster: NamespacedCluster, run: RunDir, groups: int, cells: int, samples_per_cell: int,
+              nodes: tuple[str, ...] = ("w1", "w2")) -> tuple[pd.DataFrame, pd.DataFrame]:
     cell_rows = analysis.load_cells(run)
     samples = analysis.load_samples(run)
     assert len(cell_rows) == cells and set(cell_rows.status) == {"ok"}, cell_rows[["cell_id", "status", "status_detail"]]
+    # Every group ran on a worker node (each has a host name of its own), never here.
+    assert set(cell_rows.node) <= {cluster.hostname(n) for n in nodes}, set(cell_rows.node)
     assert len(samples) == cells * samples_per_cell
     assert not samples[["cell_id", "case_id", "repeat"]].duplicated().any()
     logs = sorted(run.logs.glob("*.log"))
@@ -110,7 +115,7 @@ def test_a_sim_history_runs_on_nodes_that_cannot_see_the_driver(cluster: Namespa
     done = sweep("matrix", str(sim_matrix(files)), "--runs-dir", str(files / "runs"), "--run-id", "sim",
                  env={**cluster.env, "RAY_ADDRESS": cluster.address})
     assert done.returncode == 0, done.stderr[-3000:]
-    cells, samples = check_run(RunDir(files / "runs" / "sim"), groups=4, cells=4, samples_per_cell=4)
+    cells, samples = check_run(cluster, RunDir(files / "runs" / "sim"), groups=4, cells=4, samples_per_cell=4)
     # The suite travelled by value, its schema file included.
     invoice = samples[samples.case_id == "invoice"]
     assert invoice.passed.all() and invoice.content_tail.str.contains("{").all()
@@ -157,56 +162,9 @@ axes: {commit: [v0.31.0, v0.32.0], spec_method: [none]}
     done = sweep("matrix", str(matrix), "--runs-dir", str(files / "runs"), "--run-id", "source",
                  "--address", cluster.address, env=cluster.env)
     assert done.returncode == 0, done.stderr[-3000:]
-    cells, _ = check_run(RunDir(files / "runs" / "source"), groups=2, cells=2, samples_per_cell=4)
+    cells, _ = check_run(cluster, RunDir(files / "runs" / "source"), groups=2, cells=2, samples_per_cell=4)
     assert dict(zip(cells.commit, cells.vllm_version, strict=True)) == {"v0.31.0": "0.31.0", "v0.32.0": "0.32.0"}
     assert cluster.wait_no_servers() == []
-
-
-def test_a_lost_node_is_retried_elsewhere_and_every_row_is_stored_once(cluster: NamespacedCluster,
-                                                                       files: Path) -> None:
-    cluster.add_worker("w3")
-    cluster.wait_nodes(4)
-    victim = cluster.namespace("w3")
-    repo = files / "slow"
-    # ~3 s of replay per group: long enough to lose a node under running groups.
-    history = [(f"c{i}", {"token_latency_s": 0.004}) for i in range(6)]
-    make_sim_repo(repo, history)
-    matrix = files / "matrices" / "lost.yaml"
-    matrix.parent.mkdir(exist_ok=True)
-    matrix.write_text(yaml.safe_dump({
-        "name": "lost", "model": "m", "suite": "../suites/s.yaml", "install": {"kind": "sim", "repo": "../slow"},
-        "concurrency": 1, "timeouts": {"startup_s": 60, "request_s": 30},
-        "axes": {"commit": [t for t, _ in history], "spec_method": ["none"]}}))
-    proc = subprocess.Popen([sys.executable, "-m", "sweeper", "matrix", str(matrix), "--runs-dir",
-                             str(files / "runs"), "--run-id", "lost", "--address", cluster.address],
-                            env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 180
-        while not any(_namespace(p.pid) == victim for p in cluster.servers()):
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "no server ever ran on the node to lose"
-            time.sleep(0.1)
-        cluster.kill("w3")
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, err[-3000:]
-    run = RunDir(files / "runs" / "lost")
-    check_run(run, groups=6, cells=6, samples_per_cell=4)
-    retried = json.loads(run.manifest_path.read_text())["retried"]
-    assert retried and all(r["attempt"] == 2 and r["group_id"].startswith("c") for r in retried), retried
-    assert any(word in retried[0]["error"] for word in ("NodeDied", "WorkerCrashed", "died")), retried
-    # The lost node's servers stopped with their workers.
-    assert cluster.wait_no_servers() == []
-
-
-def _namespace(pid: int) -> str | None:
-    try:
-        return os.readlink(f"/proc/{pid}/ns/mnt")
-    except OSError:
-        return None
 
 
 def test_ray_job_submit_runs_a_sweep_on_the_cluster(cluster: NamespacedCluster, files: Path) -> None:
@@ -217,5 +175,55 @@ def test_ray_job_submit_runs_a_sweep_on_the_cluster(cluster: NamespacedCluster, 
                           env=cluster.env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert "results:" in done.stdout
-    check_run(RunDir(files / "runs" / "job"), groups=4, cells=4, samples_per_cell=4)
+    check_run(cluster, RunDir(files / "runs" / "job"), groups=4, cells=4, samples_per_cell=4)
     assert cluster.wait_no_servers() == []
+
+
+def test_a_lost_node_is_retried_elsewhere_and_every_row_is_stored_once(cluster: NamespacedCluster,
+                                                                       files: Path) -> None:
+    # Last in this module: it loses one of its two worker nodes.
+    victim = cluster.namespace("w2")
+    repo = files / "slow"
+    # ~3 s of replay per group: long enough to lose a node under running groups.
+    history = [(f"c{i}", {"token_latency_s": 0.004}) for i in range(6)]
+    make_sim_repo(repo, history)
+    matrix = files / "matrices" / "lost.yaml"
+    matrix.parent.mkdir(exist_ok=True)
+    matrix.write_text(yaml.safe_dump({
+        "name": "lost", "model": "m", "suite": "../suites/s.yaml", "install": {"kind": "sim", "repo": "../slow"},
+        "concurrency": 1, "timeouts": {"startup_s": 60, "request_s": 30},
+        "axes": {"commit": [t for t, _ in history], "spec_method": ["none"]}}))
+    err = files / "lost.err"
+    with open(err, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "sweeper", "matrix", str(matrix), "--runs-dir",
+                                 str(files / "runs"), "--run-id", "lost", "--address", cluster.address],
+                                env=cluster.env, stdout=subprocess.DEVNULL, stderr=f)
+    try:
+        deadline = time.monotonic() + 180
+        while not any(_namespace(p.pid) == victim for p in cluster.servers()):
+            assert proc.poll() is None, err.read_text()[-3000:]
+            assert time.monotonic() < deadline, "no server ever ran on the node to lose"
+            time.sleep(0.1)
+        cluster.kill("w2")
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err.read_text()[-3000:]
+    run = RunDir(files / "runs" / "lost")
+    cells, _ = check_run(cluster, run, groups=6, cells=6, samples_per_cell=4)
+    retried = json.loads(run.manifest_path.read_text())["retried"]
+    assert retried and all(r["attempt"] == 2 and r["group_id"].startswith("c") for r in retried), retried
+    assert any(word in retried[0]["error"] for word in ("NodeDied", "WorkerCrashed", "died")), retried
+    # Retried on the node that is left.
+    assert set(cells[cells.group_id.isin([r["group_id"] for r in retried])].node) == {cluster.hostname("w1")}
+    # The lost node's servers stopped with their workers.
+    assert cluster.wait_no_servers() == []
+
+
+def _namespace(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return None

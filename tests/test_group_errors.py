@@ -1,0 +1,134 @@
+"""A failure is data: a group that raises, a missed /metrics scrape, a server whose owner dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import git, make_sim_repo
+from sweeper import analysis, metrics
+from sweeper.errors import MetricsError
+from sweeper.server import ServerProcess, free_port
+from sweeper.sweep import run_matrix
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_group_that_raises_is_error_rows_and_the_others_finish(tmp_path: Path, tiny_suite: Path) -> None:
+    repo = tmp_path / "vllm"
+    make_sim_repo(repo, [("before", {})])
+    # A commit whose sim.yaml is a folder: reading it raises inside the runner (an OSError, which
+    # nothing there expects). Whatever a group raises, its cells say so and the sweep goes on.
+    git(repo, "rm", "-q", "sim.yaml")
+    (repo / "sim.yaml").mkdir()
+    (repo / "sim.yaml" / "oops").write_text("x\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "planted")
+    git(repo, "tag", "planted")
+    git(repo, "rm", "-q", "-r", "sim.yaml")
+    (repo / "sim.yaml").write_text("version: 0.29.0\nstartup_s: 0.1\ntoken_latency_s: 0.0002\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "after")
+    git(repo, "tag", "after")
+    path = tmp_path / "m.yaml"
+    path.write_text(f"name: t\nmodel: m\nsuite: {tiny_suite}\ninstall: {{kind: sim, repo: {repo}}}\n"
+                    "timeouts: {startup_s: 30, request_s: 10}\n"
+                    "axes: {commit: [before, planted, after], spec_method: [none, mtp], num_speculative_tokens: [2]}\n")
+    outcome = run_matrix(path, runs_dir=tmp_path / "runs", run_id="r")
+    cells = analysis.load_cells(outcome.run).set_index("cell_id")
+    samples = analysis.load_samples(outcome.run)
+    assert len(cells) == 6 and len(outcome.ran) == 6
+    bad = cells[cells.commit == "planted"]
+    assert set(bad.status) == {"error"} and bad.server_starts.eq(0).all()
+    assert bad.status_detail.str.startswith("IsADirectoryError: ").all()
+    assert bad.log_tail.str.contains("Traceback").all() and bad.log_tail.str.contains("_sim_yaml").all()
+    good = cells[cells.commit != "planted"]
+    assert set(good.status) == {"ok"}
+    assert len(samples) == 4 * 6 and set(samples.commit) == {"before", "after"}
+
+
+def test_a_missed_scrape_leaves_the_spec_figures_empty_and_says_why(tmp_path: Path) -> None:
+    with pytest.raises(MetricsError, match="GET /metrics failed: ConnectError"):
+        metrics.scrape(f"http://127.0.0.1:{free_port()}", timeout=2)
+    port = free_port()
+    argv = [sys.executable, "-m", "sweeper.sim", "serve", "--model", "m", "--port", str(port), "--api-key", "k",
+            "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}']
+    with ServerProcess(argv, dict(os.environ), port=port, log_path=tmp_path / "s.log", startup_timeout_s=60) as srv:
+        with pytest.raises(MetricsError, match="HTTP 404"):
+            metrics.scrape(srv.base_url + "/elsewhere", "k")
+        before, after = metrics.try_scrape(srv.base_url, "k"), metrics.try_scrape(srv.base_url, "k")
+    missed = metrics.try_scrape(srv.base_url, "k", timeout=2)  # the server is gone
+    assert before.text and after.text and missed.text is None and "ConnectError" in missed.error
+    figures, note = metrics.cell_figures(before, after)
+    assert figures["drafts"] == 0 and note == ""
+    # Without the scrape before, the counters after are totals since the server started: no figures.
+    figures, note = metrics.cell_figures(missed, after)
+    assert figures == {} and note == f"spec-decode figures left empty: the scrape before the replay failed: {missed.error}"
+    figures, note = metrics.cell_figures(before, missed)
+    assert figures == {} and "the scrape after the replay failed" in note
+    figures, note = metrics.cell_figures(before, metrics.Scrape("this is { not prometheus"))
+    assert figures == {} and "is not Prometheus text" in note
+    # The server gone: its status says so; nothing to add.
+    assert metrics.cell_figures(before, None) == ({}, "")
+
+
+OWNER = """
+import sys, time
+from pathlib import Path
+from sweeper.server import ServerProcess
+port, log = int(sys.argv[1]), Path(sys.argv[2])
+srv = ServerProcess([sys.executable, "-m", "sweeper.sim", "serve", "--model", "m", "--port", str(port)],
+                    {}, port=port, log_path=log, startup_timeout_s=60)
+srv.__enter__()
+print(srv.proc.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_server_does_not_outlive_the_process_that_started_it(tmp_path: Path) -> None:
+    port = free_port()
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(port), str(tmp_path / "s.log")],
+                             stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        assert owner.stdout is not None
+        pgid = int(owner.stdout.readline())
+        members = [p for p in psutil.process_iter(["pid"]) if _pgid(p.pid) == pgid]
+        assert len(members) == 2  # the guard and the server
+        owner.kill()  # as a Ray worker dies with its node: no chance to stop anything
+        owner.wait()
+        deadline = time.monotonic() + 15
+        while any(_pgid(p.pid) == pgid for p in members) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p.pid for p in members if _pgid(p.pid) == pgid]
+        assert "is gone: stopping it" in (tmp_path / "s.log").read_text()
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+
+
+def test_the_guard_passes_the_servers_exit_on(tmp_path: Path) -> None:
+    """The guard leads the server's session; the server's exit status (or signal) is its own."""
+    for code, script in ((3, "raise SystemExit(3)"), (-signal.SIGKILL, "import os; os.kill(os.getpid(), 9)"),
+                         (-signal.SIGTERM, "import os; os.kill(os.getpid(), 15)")):
+        srv = ServerProcess([sys.executable, "-c", script], dict(os.environ), port=free_port(),
+                            log_path=tmp_path / "x.log", startup_timeout_s=10)
+        srv.start()
+        assert srv.proc is not None and srv.proc.wait(timeout=30) == code
+        srv.stop()
+
+
+def _pgid(pid: int) -> int | None:
+    """The process group of a live process; None once it is gone (or a zombie waiting to be reaped)."""
+    try:
+        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return None
+        return os.getpgid(pid)
+    except (ProcessLookupError, psutil.Error):
+        return None
