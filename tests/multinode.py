@@ -63,6 +63,7 @@ class NamespacedCluster:
         self.address = f"127.0.0.1:{self.port}"
         self.dashboard = f"http://127.0.0.1:{self.dashboard_port}"
         self.nodes: dict[str, subprocess.Popen[bytes]] = {}
+        self.commands: dict[str, tuple[list[str], dict[str, str]]] = {}
         self.temps: list[str] = []
         self.env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
                     "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", MARKER: self.token,
@@ -81,7 +82,8 @@ class NamespacedCluster:
         return path
 
     def _start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
-        log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115  (the node's own output, kept for triage)
+        self.commands[name] = (argv, env)
+        log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115  (the node's own output, kept for triage)
         self.nodes[name] = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
@@ -110,16 +112,24 @@ class NamespacedCluster:
         self._start(name, ["unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c", script],
                     {**self.env, "HOME": str(home)})
 
-    def wait_nodes(self, n: int, timeout: float = 180.0) -> None:
-        """Until `n` nodes are alive (the head counts), asked by one short-lived driver."""
+    def wait_nodes(self, n: int, timeout: float = 180.0, restarts: int = 2) -> None:
+        """Until `n` nodes are alive (the head counts), asked by one short-lived driver. A worker node
+        that gives up while joining (on a busy machine Ray's 30 s startup deadline can pass) is started
+        again, `restarts` times at most."""
         proc = subprocess.Popen([str(BIN / "python"), "-c", _WAIT_NODES, self.address, str(n), str(timeout)],
                                 env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             deadline = time.monotonic() + timeout + 30
             while proc.poll() is None:
-                for name, node in self.nodes.items():
+                for name, node in list(self.nodes.items()):
                     if node.poll() is not None:
-                        raise RuntimeError(f"node {name} exited: {(self.workdir / f'{name}.log').read_text()[-2000:]}")
+                        if name == "head" or restarts <= 0:
+                            log = (self.workdir / f"{name}.log").read_text()[-2000:]
+                            raise RuntimeError(f"node {name} exited: {log}")
+                        restarts -= 1
+                        with contextlib.suppress(ProcessLookupError):
+                            os.killpg(node.pid, signal.SIGKILL)  # what the failed start left
+                        self._start(name, *self.commands[name])
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"fewer than {n} nodes after {timeout:.0f}s")
                 time.sleep(0.2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -111,6 +112,8 @@ def test_a_server_does_not_outlive_the_process_that_started_it(tmp_path: Path) -
         if owner.poll() is None:
             owner.kill()
             owner.wait()
+        with contextlib.suppress(OSError, UnboundLocalError):
+            os.killpg(pgid, signal.SIGKILL)  # what a failing check would leave behind
 
 
 def test_the_guard_passes_the_servers_exit_on(tmp_path: Path) -> None:
