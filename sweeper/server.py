@@ -48,7 +48,7 @@ signal.signal(signal.SIGTERM, signal.SIG_IGN)
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 while True:
     try:
-        code = child.wait(timeout=%(poll)s)
+        code = child.wait(timeout=POLL_S)
         break
     except subprocess.TimeoutExpired:
         pass
@@ -67,7 +67,7 @@ if code < 0:
     os.kill(os.getpid(), -code)
     time.sleep(1)
 sys.exit(code if code >= 0 else 128 - code)
-""" % {"poll": GUARD_POLL_S}
+""".replace("POLL_S", str(GUARD_POLL_S))
 
 
 def free_port() -> int:

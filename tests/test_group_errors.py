@@ -12,8 +12,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import git, make_sim_repo
+
 from sweeper import analysis, metrics
 from sweeper.errors import MetricsError
 from sweeper.server import ServerProcess, free_port

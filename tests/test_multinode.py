@@ -20,9 +20,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-
 from conftest import git, make_sim_repo
 from multinode import NamespacedCluster, unshare_refused
+
 from sweeper import analysis
 from sweeper.store import RunDir
 
