@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -21,7 +22,7 @@ import pandas as pd
 import pytest
 import yaml
 from conftest import git, make_sim_repo
-from multinode import NamespacedCluster, unshare_refused
+from multinode import NamespacedCluster, free_port, unshare_refused
 
 from sweeper import analysis
 from sweeper.store import RunDir
@@ -181,16 +182,21 @@ def test_ray_job_submit_runs_a_sweep_on_the_cluster(cluster: NamespacedCluster, 
 
 def test_a_lost_node_is_retried_elsewhere_and_every_row_is_stored_once(cluster: NamespacedCluster,
                                                                        files: Path) -> None:
+    """Also: the repository is a URL (a git daemon here), which each node clones into its own cache."""
     # Last in this module: it loses one of its two worker nodes.
     victim = cluster.namespace("w2")
     repo = files / "slow"
     # ~3 s of replay per group: long enough to lose a node under running groups.
     history = [(f"c{i}", {"token_latency_s": 0.004}) for i in range(6)]
     make_sim_repo(repo, history)
+    port = free_port()
+    daemon = subprocess.Popen(["git", "daemon", "--reuseaddr", "--listen=127.0.0.1", f"--port={port}", "--export-all",
+                               f"--base-path={files}", str(repo)], start_new_session=True, stderr=subprocess.DEVNULL)
     matrix = files / "matrices" / "lost.yaml"
     matrix.parent.mkdir(exist_ok=True)
     matrix.write_text(yaml.safe_dump({
-        "name": "lost", "model": "m", "suite": "../suites/s.yaml", "install": {"kind": "sim", "repo": "../slow"},
+        "name": "lost", "model": "m", "suite": "../suites/s.yaml",
+        "install": {"kind": "sim", "repo": f"git://127.0.0.1:{port}/slow"},
         "concurrency": 1, "timeouts": {"startup_s": 60, "request_s": 30},
         "axes": {"commit": [t for t, _ in history], "spec_method": ["none"]}}))
     err = files / "lost.err"
@@ -210,6 +216,8 @@ def test_a_lost_node_is_retried_elsewhere_and_every_row_is_stored_once(cluster: 
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        os.killpg(daemon.pid, signal.SIGKILL)
+        daemon.wait()
     assert proc.returncode == 0, err.read_text()[-3000:]
     run = RunDir(files / "runs" / "lost")
     cells, _ = check_run(cluster, run, groups=6, cells=6, samples_per_cell=4)
