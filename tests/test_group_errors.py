@@ -66,17 +66,17 @@ def test_a_missed_scrape_leaves_the_spec_figures_empty_and_says_why(tmp_path: Pa
         before, after = metrics.try_scrape(srv.base_url, "k"), metrics.try_scrape(srv.base_url, "k")
     missed = metrics.try_scrape(srv.base_url, "k", timeout=2)  # the server is gone
     assert before.text and after.text and missed.text is None and "ConnectError" in missed.error
-    figures, note = metrics.cell_figures(before, after)
-    assert figures["drafts"] == 0 and note == ""
+    figures, note = metrics.group_figures(before, after)
+    assert figures["spec_drafts"] == 0 and note == ""
     # Without the scrape before, the counters after are totals since the server started: no figures.
-    figures, note = metrics.cell_figures(missed, after)
+    figures, note = metrics.group_figures(missed, after)
     assert figures == {} and note == f"spec-decode figures left empty: the scrape before the replay failed: {missed.error}"
-    figures, note = metrics.cell_figures(before, missed)
+    figures, note = metrics.group_figures(before, missed)
     assert figures == {} and "the scrape after the replay failed" in note
-    figures, note = metrics.cell_figures(before, metrics.Scrape("this is { not prometheus"))
+    figures, note = metrics.group_figures(before, metrics.Scrape("this is { not prometheus"))
     assert figures == {} and "is not Prometheus text" in note
     # The server gone: its status says so; nothing to add.
-    assert metrics.cell_figures(before, None) == ({}, "")
+    assert metrics.group_figures(before, None) == ({}, "")
 
 
 OWNER = """
