@@ -179,7 +179,8 @@ class NamespacedCluster:
                     out.append(proc)
         return out
 
-    def wait_no_servers(self, timeout: float = 15.0) -> list[psutil.Process]:
+    def wait_no_servers(self, timeout: float = 60.0) -> list[psutil.Process]:
+        # A lost node's guards stop their servers with a grace period; on a loaded machine that takes a while.
         deadline = time.monotonic() + timeout
         while (left := self.servers()) and time.monotonic() < deadline:
             time.sleep(0.2)
