@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -139,3 +140,19 @@ def tiny_suite(tmp_path: Path) -> Path:
     path = tmp_path / "tiny.yaml"
     path.write_text(SUITE)
     return path
+
+
+def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """`sweep ARGV` in this process: (exit code, stdout, stderr)."""
+    from sweeper import cli
+
+    old, code = sys.argv, 0
+    sys.argv = ["sweep", *argv]
+    try:
+        cli.main()
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    finally:
+        sys.argv = old
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err

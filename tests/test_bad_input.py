@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-
-from sweeper import cli
+from conftest import run_cli
 
 SUITE = "cases: [{id: a, body: {messages: [{role: user, content: hi}]}}]\n"
 HEAD = "model: m\nsuite: s.yaml\ninstall: {kind: preinstalled}\n"
@@ -228,19 +227,6 @@ BAD: list[Bad] = [
         where="p.jsonl", says="NaN is not valid JSON", line=1, command="suite"),
     Bad("empty-matrix", {"m.yaml": ""}, says="expected a mapping with model, suite and axes"),
 ]
-
-
-def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    old, code = sys.argv, 0
-    sys.argv = ["sweep", *argv]
-    try:
-        cli.main()
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    finally:
-        sys.argv = old
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def write_case(tmp_path: Path, case: Bad) -> list[str]:

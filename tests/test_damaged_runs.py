@@ -11,32 +11,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import make_sim_repo
+from conftest import make_sim_repo, run_cli
 
-from sweeper import analysis, cli
+from sweeper import analysis
 from sweeper.store import RunDir
 
 COMMITS = ["c0", "c1"]
 ROWS = len(COMMITS) * 2 * 2 * 3  # commits x spec methods x cases x repeats
-
-
-def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    old, code = sys.argv, 0
-    sys.argv = ["sweep", *argv]
-    try:
-        cli.main()
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    finally:
-        sys.argv = old
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 @pytest.fixture(scope="module")
