@@ -7,10 +7,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import yaml
 
@@ -61,6 +63,38 @@ _BEFORE = pytest.StashKey[set[str]]()
 _REPO_BEFORE = pytest.StashKey[set[str]]()
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
 FAST = {"startup_s": 0.1, "token_latency_s": 0.0002}
+
+
+def servers_left() -> list[psutil.Process]:
+    """Servers (simulator or vLLM, and their guards) that this session started and that still run:
+    they carry the session's SWEEP_CACHE in their environment, on any node of any cluster here."""
+    mine, out = os.environ["SWEEP_CACHE"], []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if "serve" in (proc.info["cmdline"] or []) and proc.environ().get("SWEEP_CACHE") == mine:
+                out.append(proc)
+        except psutil.Error:
+            continue
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _no_server_outlives_its_test() -> Iterator[None]:
+    """A server left running after its test is that test's failure: orphan servers hold ports,
+    memory and CPU, and they hide the bug that left them (a guard or a stop that did not work)."""
+    yield
+    deadline = time.monotonic() + 20  # guards stop their servers with a grace period
+    while (left := servers_left()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if left:
+        shown = []
+        for proc in left:
+            try:
+                shown.append(f"{proc.pid} {' '.join(proc.cmdline())[:160]}")
+                proc.kill()
+            except psutil.Error:
+                continue
+        pytest.fail("servers left running after the test (now killed):\n" + "\n".join(shown), pytrace=False)
 
 
 def git(repo: Path, *args: str) -> str:
