@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from sweeper.errors import SweepError, one_line
+from sweeper.errors import Interrupted, SweepError, one_line
 
 app = typer.Typer(
     name="sweep", no_args_is_help=True, add_completion=False, rich_markup_mode=None,
@@ -334,8 +334,13 @@ def main() -> None:
     try:
         # Without standalone mode click returns the code of a `typer.Exit` instead of exiting.
         code = app(standalone_mode=False)
+        if code == 130:  # typer's answer to a Ctrl-C outside a run (which raises Interrupted)
+            err.print("interrupted", markup=False)
         if isinstance(code, int) and code:
             sys.exit(code)
+    except Interrupted as exc:
+        sys.stderr.write(f"{one_line(str(exc))}\n")
+        sys.exit(130)
     except SweepError as exc:
         # Plain write: one line, never wrapped, whatever the terminal width (or the input's newlines).
         sys.stderr.write(f"error: {one_line(str(exc))}\n")

@@ -296,8 +296,14 @@ class Cluster:
                         text = str(exc)
                         result = error_result(job, f"{type(exc).__name__}: {text}".splitlines()[0][:500], text)
                     yield job, result
+        except KeyboardInterrupt:
+            # Ctrl-C: leave the tasks to the shutdown that follows; their workers end and each
+            # server's guard stops it. (Cancelling a task as it finishes can abort Ray's own core
+            # worker, "Tried to complete task that was not pending", which ends the driver uncleanly.)
+            pending.clear()
+            raise
         finally:
-            # On Ctrl-C or an error: interrupt the remaining tasks gently, so each stops its server.
+            # On an error: interrupt the remaining tasks gently, so each stops its server.
             for ref in pending:
                 ray.cancel(ref, force=False)
             if pending:

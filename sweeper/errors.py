@@ -88,3 +88,14 @@ class BisectError(SweepError):
 
 class ClusterError(SweepError):
     """Ray could not be reached, or a cell can never be scheduled."""
+
+
+class Interrupted(SweepError):
+    """The user stopped a run (Ctrl-C). Every finished group or probe is stored whole; the ones under
+    way are not stored at all (their servers are stopped with their workers). `resume` is the
+    command that goes on from there."""
+
+    def __init__(self, run_uri: str, resume: str) -> None:
+        self.run_uri, self.resume = run_uri, resume
+        super().__init__(f"interrupted: {run_uri} keeps what finished, nothing that was under way; "
+                         f"continue with `{resume}`")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import shlex
 import shutil
 import subprocess
 import sys
@@ -23,7 +24,7 @@ import pyarrow.dataset as ds
 
 from sweeper import __version__, gitrepo, history
 from sweeper.cluster import Cluster
-from sweeper.errors import ConfigError, GitError, StoreError, clip
+from sweeper.errors import ConfigError, GitError, Interrupted, StoreError, clip
 from sweeper.matrix import (
     Install,
     Matrix,
@@ -294,17 +295,27 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | N
         on_plan(plan, len(jobs))
     if not jobs:
         return outcome
-    with Cluster(address, logical_gpus=sweep_gpus(plan.matrix, gpus)) as cluster:
-        cluster.preflight(plan.matrix.spec.gpus_per_cell)
-        for job, result in cluster.run(jobs, on_retry=lambda j, n, e: record_retry(run, j, n, e)):
-            # The log first (a group without a server has none): a group is done once its cells are written.
-            if result.log:
-                run.write_log(result.group_id, result.log_text())
-            run.write_group(result.group_id, result.samples, result.cells)
-            outcome.ran.append(result.group_id)
-            if on_group:
-                on_group(job, result)
+    try:
+        with Cluster(address, logical_gpus=sweep_gpus(plan.matrix, gpus)) as cluster:
+            cluster.preflight(plan.matrix.spec.gpus_per_cell)
+            for job, result in cluster.run(jobs, on_retry=lambda j, n, e: record_retry(run, j, n, e)):
+                # The log first (a group without a server has none): a group is done once its cells are written.
+                if result.log:
+                    run.write_log(result.group_id, result.log_text())
+                run.write_group(result.group_id, result.samples, result.cells)
+                outcome.ran.append(result.group_id)
+                if on_group:
+                    on_group(job, result)
+    except KeyboardInterrupt:
+        raise Interrupted(run.uri, resume_command("matrix", str(matrix_path), runs_dir=runs_dir,
+                                                  run_id=run.run_id)) from None
     return outcome
+
+
+def resume_command(command: str, *args: str, runs_dir: str | Path, run_id: str) -> str:
+    """The command line that continues an interrupted run."""
+    where = [] if str(runs_dir) == "runs" else ["--runs-dir", str(runs_dir)]
+    return shlex.join(["sweep", command, *args, *where, "--resume", run_id])
 
 
 def sweep_gpus(matrix: Matrix, gpus: float | None) -> float | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -172,6 +173,46 @@ def test_resume_after_a_killed_run_gives_exactly_once_rows(tmp_path: Path, tiny_
     assert not list(run.root.rglob("*.tmp"))
     assert not list((run.root / "logs").glob("*.pgid"))
     assert server_groups_alive(run) == []
+
+
+def test_ctrl_c_stores_nothing_under_way_and_names_the_resume_command(tmp_path: Path, tiny_suite: Path) -> None:
+    """Ctrl-C in a terminal: SIGINT to the whole foreground process group (the driver and its local
+    Ray). The run keeps every finished group whole, no server is left, and the command it prints
+    finishes the run with every row once."""
+    repo = tmp_path / "vllm"
+    history = [(f"c{i}", {"token_latency_s": 0.01}) for i in range(6)]
+    make_sim_repo(repo, history)
+    path = matrix_file(tmp_path, tiny_suite, repo, [t for t, _ in history])
+    runs = tmp_path / "runs"
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    # SIGINT as a shell gives it (a test runner may have it ignored, and children inherit that).
+    proc = subprocess.Popen([sys.executable, "-m", "sweeper", "matrix", str(path), "--runs-dir", str(runs), "--run-id",
+                             "r", "--gpus", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
+    cells_dir = runs / "r" / "cells"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(list(cells_dir.glob("*.parquet"))) < 2:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"interrupted: {runs / 'r'} keeps what finished"), err[-2000:]
+    command = last.split("`")[1]
+    assert command == f"sweep matrix {path} --runs-dir {runs} --resume r"
+    run = RunDir(runs / "r")
+    stored = analysis.load_cells(run)
+    assert 2 <= len(stored) < 12 and set(stored.status) == {"ok"}, stored[["cell_id", "status", "status_detail"]]
+    assert not list(run.root.rglob("*.tmp"))
+    # The printed command, as printed, finishes the run.
+    done = subprocess.run([sys.executable, "-m", "sweeper", *shlex.split(command)[1:], "--gpus", "2"], capture_output=True,
+                          text=True, timeout=300, env=env, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    samples = analysis.load_samples(run)
+    assert len(samples) == 12 * 2 * 3 and not samples[["cell_id", "case_id", "repeat"]].duplicated().any()
+    assert set(analysis.load_cells(run).status) == {"ok"}
 
 
 def test_bad_matrix_is_one_line_and_exit_1(tmp_path: Path, tiny_suite: Path) -> None:

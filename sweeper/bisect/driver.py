@@ -36,7 +36,7 @@ from sweeper.bisect import modes as fm
 from sweeper.bisect.report import describe
 from sweeper.bisect.search import BisectReport, Search
 from sweeper.cluster import Cluster
-from sweeper.errors import BisectError, SweepError
+from sweeper.errors import BisectError, Interrupted, SweepError
 from sweeper.history import History, history_for
 from sweeper.matrix import Cell, Matrix, ServerGroup, canonical, make_cell
 from sweeper.runner import GroupJob, GroupResult
@@ -52,7 +52,7 @@ from sweeper.store import (
     table,
 )
 from sweeper.suite import Suite
-from sweeper.sweep import load_suites, portable_spec, repo_for, repo_source, sweep_gpus
+from sweeper.sweep import load_suites, portable_spec, repo_for, repo_source, resume_command, sweep_gpus
 
 
 @dataclass
@@ -511,6 +511,9 @@ def bisect_cells(*, matrix: Matrix, cells: list[Cell], suite: Suite, good: str, 
                     break
                 on_event(f"a mode fails at {commits[0][:10]} with no change in range; widening to {older[:10]}")
                 commits = history.range(older, bad_sha)
+    except KeyboardInterrupt:
+        raise Interrupted(run.uri, resume_command("bisect", "--good", good, "--bad", bad, runs_dir=runs_dir,
+                                                  run_id=run.run_id)) from None
     finally:
         kill_leftovers(run.logs)
     summary = b.save_state(reports, final=True)
