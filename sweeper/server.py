@@ -33,14 +33,24 @@ LOG_TAIL_LINES = 40
 GUARD_POLL_S = 0.05
 
 # The guard: leader of the server's session, `python -I -S -c GUARD <owner pid> <grace s> argv...`.
-# os, signal, sys and time only: it starts in a fraction of the server's own start. TERM and INT
-# reach the whole group: the guard ignores them and waits for the server, whose exit status (or
-# signal) it repeats as its own.
+# os, signal, sys and time only (ctypes in the child): it starts in a fraction of the server's own
+# start. TERM and INT reach the whole group: the guard ignores them and waits for the server, whose
+# exit status (or signal) it repeats as its own. If the guard itself dies, the server gets TERM.
 GUARD = """
 import os, signal, sys, time
 owner, grace, argv = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
+guard = os.getpid()
 child = os.fork()
 if child == 0:
+    try:
+        # The guard can be killed outright (Ray SIGKILLs a worker's own children when the worker
+        # exits): the kernel then sends the server TERM at once (Linux; elsewhere the guard alone).
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != guard:  # the guard died before that took effect
+        os._exit(1)
     try:
         os.execvp(argv[0], argv)
     except OSError as exc:

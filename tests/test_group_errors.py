@@ -116,6 +116,41 @@ def test_a_server_does_not_outlive_the_process_that_started_it(tmp_path: Path) -
             os.killpg(pgid, signal.SIGKILL)  # what a failing check would leave behind
 
 
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_server_does_not_outlive_a_ray_worker_that_exits(tmp_path: Path) -> None:
+    """When a worker exits, Ray SIGKILLs the worker's own children: the guard, with no chance to stop
+    its server. The server hears of its guard's death at once and stops."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Owner:
+        def start(self, log: str) -> tuple[int, int]:
+            port = free_port()
+            srv = ServerProcess([sys.executable, "-m", "sweeper.sim", "serve", "m", "--host", "127.0.0.1", "--port",
+                                 str(port)], dict(os.environ), port=port, log_path=Path(log), startup_timeout_s=60)
+            srv.start()
+            srv.wait_ready()
+            assert srv.proc is not None
+            self.srv = srv  # kept alive with the actor
+            return srv.proc.pid, os.getpid()
+
+    owner = Owner.remote()  # type: ignore[attr-defined]
+    guard, worker = ray.get(owner.start.remote(str(tmp_path / "s.log")), timeout=120)
+    members = [p for p in psutil.process_iter(["pid"]) if _pgid(p.pid) == guard]
+    assert len(members) == 2  # the guard and the server
+    ray.kill(owner)
+    deadline = time.monotonic() + 30
+    while psutil.pid_exists(worker) and _pgid(worker) is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    deadline = time.monotonic() + 15
+    while any(_pgid(p.pid) == guard for p in members) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [p.pid for p in members if _pgid(p.pid) == guard]
+    with contextlib.suppress(OSError):
+        os.killpg(guard, signal.SIGKILL)  # what a failing check would leave behind
+    assert not left
+
+
 def test_the_guard_passes_the_servers_exit_on(tmp_path: Path) -> None:
     """The guard leads the server's session; the server's exit status (or signal) is its own."""
     for code, script in ((3, "raise SystemExit(3)"), (-signal.SIGKILL, "import os; os.kill(os.getpid(), 9)"),
