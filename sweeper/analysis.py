@@ -24,10 +24,12 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
+from sweeper import catalogue
+from sweeper.catalogue import Wanted
 from sweeper.errors import StoreError, SweepError, one_line
 from sweeper.matrix import canonical
 from sweeper.storage import Location
-from sweeper.store import CELL_SCHEMA, MANIFEST, PROBE_SCHEMA, SAMPLE_SCHEMA, RunDir
+from sweeper.store import CELL_SCHEMA, KINDS, MANIFEST, PROBE_SCHEMA, SAMPLE_SCHEMA, RunDir
 
 _TABLES = {"samples": SAMPLE_SCHEMA, "cells": CELL_SCHEMA, "probes": PROBE_SCHEMA}
 
@@ -96,6 +98,32 @@ def read_runs(runs_dir: str | os.PathLike[str] | Location, kind: str, columns: S
     if not files:
         return _TABLES[kind].empty_table().select(list(columns))
     return _read_files(files, runs[0].fs, kind, columns, filter, where=str(Location.parse(runs_dir)))
+
+
+def read_matching(runs_dir: str | os.PathLike[str] | Location, wanted: Wanted, columns: Mapping[str, Sequence[str]],
+                  filter: pc.Expression | None = None) -> dict[str, pa.Table]:
+    """Per kind in `columns` (samples, cells, probes): those columns of the rows passing `filter`, read
+    only from the files whose catalogue entries hold a `wanted` experiment (`sweeper.catalogue`), in
+    every run under `runs_dir`. Runs that hold none cost a listing, not a file read. A group is read
+    only when both its files check out, as everywhere else."""
+    runs = run_dirs(runs_dir)
+    found: dict[str, list[str]] = {kind: [] for kind in columns}
+    for run in runs:
+        names = catalogue.matching(run.location, wanted, columns)
+        groups = {n for kind in columns if kind != "probes" for n in names[kind]}
+        scan = run.scan(groups=bool(groups), probes=bool(names.get("probes")), manifest=False,
+                        only=groups | set(names.get("probes", ())))
+        for kind in columns:
+            if kind == "probes":
+                found[kind] += sorted(scan.probes)
+            else:
+                found[kind] += [paths[KINDS.index(kind)] for _, paths in sorted(scan.groups.items())]
+    out = {}
+    for kind, cols in columns.items():
+        files = found[kind]
+        out[kind] = (_read_files(files, runs[0].fs, kind, cols, filter, where=str(Location.parse(runs_dir))) if files
+                     else _TABLES[kind].empty_table().select(list(cols)))
+    return out
 
 
 def _decode(value: str) -> Any:
