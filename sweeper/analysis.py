@@ -82,7 +82,9 @@ def load_table(run: RunDir, kind: str, columns: Sequence[str] | None = None,
 def _read_files(files: Sequence[str], fs: pafs.FileSystem, kind: str, columns: Sequence[str] | None,
                 filter: pc.Expression | None, *, where: str) -> pa.Table:
     try:
-        dataset = ds.dataset(list(files), schema=_TABLES[kind], format="parquet", filesystem=fs)
+        # The paths as they are: no discovery (a stat of each file), the declared schema for all.
+        dataset = ds.FileSystemDataset.from_paths(list(files), schema=_TABLES[kind], format=ds.ParquetFileFormat(),
+                                                  filesystem=fs)
         return dataset.to_table(columns=list(columns) if columns is not None else None, filter=filter)
     except (OSError, pa.ArrowException) as exc:
         # The footers checked out, but a page did not: damage deeper than the footer.

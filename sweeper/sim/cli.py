@@ -13,7 +13,6 @@ import typer
 from sweeper.sim import args, config, repo, tree
 from sweeper.sim.behaviour import Behaviour
 from sweeper.sim.logs import Logger
-from sweeper.sim.server import run
 
 app = typer.Typer(
     help="The vLLM simulator: a vLLM-compatible server whose bugs are declared per commit.",
@@ -84,6 +83,9 @@ def serve_main(argv: list[str]) -> int:
     if refusal is not None:
         _traceback(log, where, refusal)
         return 1
+    # The HTTP server's imports, paid only by a server (not by every `sweep` command).
+    from sweeper.sim.server import run
+
     return run(startup, sim_tree, log)
 
 
