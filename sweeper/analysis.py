@@ -75,8 +75,32 @@ def load_table(run: RunDir, kind: str, columns: Sequence[str] | None = None,
     if not files:
         empty = schema.empty_table()
         return empty.select(list(columns)) if columns is not None else empty
-    # The declared schema, not inference: a column missing from one file must not vanish.
-    return _read_files(files, run.fs, kind, columns, filter, where=f"run {run.run_id}")
+    if kind != "cells" or filter is not None:
+        # The declared schema, not inference: a column missing from one file must not vanish.
+        return _read_files(files, run.fs, kind, columns, filter, where=f"run {run.run_id}")
+    # A report reads a run's cells several times (its table, the heatmap's axes per cell): the last
+    # cells read are kept, by their files as listed now (a rewritten file is read again).
+    key = (run.fs.type_name, _stamps(run, files))
+    wanted = list(columns) if columns is not None else schema.names
+    kept = _CELLS.get(key)
+    if kept is None or not set(wanted) <= set(kept.column_names):
+        kept = _read_files(files, run.fs, kind, wanted, None, where=f"run {run.run_id}")
+        _CELLS.clear()
+        _CELLS[key] = kept
+    return kept.select(wanted)
+
+
+_CELLS: dict[tuple[Any, ...], pa.Table] = {}
+
+
+def _stamps(run: RunDir, files: Sequence[str]) -> tuple[tuple[str, int | None, int | None], ...]:
+    """Each cells file with its size and time as listed now."""
+    listed = run.listing("cells")
+    out = []
+    for path in files:
+        info = listed.get(path.rsplit("/", 1)[-1].removesuffix(".parquet"))
+        out.append((path, info.size if info else None, info.mtime_ns if info else None))
+    return tuple(out)
 
 
 def _read_files(files: Sequence[str], fs: pafs.FileSystem, kind: str, columns: Sequence[str] | None,

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
+
 from sweeper.matrix import canonical
 from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, RunDir, table
 
