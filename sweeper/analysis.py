@@ -75,32 +75,8 @@ def load_table(run: RunDir, kind: str, columns: Sequence[str] | None = None,
     if not files:
         empty = schema.empty_table()
         return empty.select(list(columns)) if columns is not None else empty
-    if kind != "cells" or filter is not None:
-        # The declared schema, not inference: a column missing from one file must not vanish.
-        return _read_files(files, run.fs, kind, columns, filter, where=f"run {run.run_id}")
-    # A report reads a run's cells several times (its table, the heatmap's axes per cell): the last
-    # cells read are kept, by their files as listed now (a rewritten file is read again).
-    key = (run.fs.type_name, _stamps(run, files))
-    wanted = list(columns) if columns is not None else schema.names
-    kept = _CELLS.get(key)
-    if kept is None or not set(wanted) <= set(kept.column_names):
-        kept = _read_files(files, run.fs, kind, wanted, None, where=f"run {run.run_id}")
-        _CELLS.clear()
-        _CELLS[key] = kept
-    return kept.select(wanted)
-
-
-_CELLS: dict[tuple[Any, ...], pa.Table] = {}
-
-
-def _stamps(run: RunDir, files: Sequence[str]) -> tuple[tuple[str, int | None, int | None], ...]:
-    """Each cells file with its size and time as listed now."""
-    listed = run.listing("cells")
-    out = []
-    for path in files:
-        info = listed.get(path.rsplit("/", 1)[-1].removesuffix(".parquet"))
-        out.append((path, info.size if info else None, info.mtime_ns if info else None))
-    return tuple(out)
+    # The declared schema, not inference: a column missing from one file must not vanish.
+    return _read_files(files, run.fs, kind, columns, filter, where=f"run {run.run_id}")
 
 
 def _read_files(files: Sequence[str], fs: pafs.FileSystem, kind: str, columns: Sequence[str] | None,
@@ -237,6 +213,12 @@ def load_cells(run: RunDir, columns: Sequence[str] | None = None,
     return _frame(load_table(run, "cells", columns, filter))
 
 
+def frame(tbl: pa.Table) -> pd.DataFrame:
+    """A samples or cells table (`load_table`) as `load_samples` and `load_cells` give it: one column
+    per axis added."""
+    return _frame(tbl)
+
+
 def server_starts(cells: pd.DataFrame) -> int:
     """The servers started for these cell rows. A group's cells share its server, and each of its
     rows carries the group's count: counted once per group, never summed over cells."""
@@ -306,21 +288,26 @@ _CELL_COLUMNS = frozenset({"run_id", "group_id", "cell_id", "server_key", "setti
                            "suite", "suite_digest"})
 
 
-def failure_counts(run: RunDir, by: Sequence[str], *, where: Mapping[str, Any] | None = None) -> pd.DataFrame:
+def failure_counts(run: RunDir, by: Sequence[str], *, where: Mapping[str, Any] | None = None,
+                   cells: pa.Table | None = None) -> pd.DataFrame:
     """Samples and failures per combination of the `by` axes, aggregated in DuckDB: columns `by`
     (values as `load_samples` gives them), `n` and `n_failed`. Memory is that of the result, not of
     the samples. `where`: axis -> value equality filters.
 
     Axes are constant within a cell, so DuckDB counts per cell (and per sample column asked for,
     `case_id` say), reading two or three columns; each cell's axis values come from the small
-    cells table. Reading every sample's `axes` map instead costs about ten times as much."""
+    cells table. Reading every sample's `axes` map instead costs about ten times as much.
+    `cells`: the run's cells table when the caller has read it already (`load_table`), so that it is
+    not read again (read anyway when it lacks a column needed here)."""
     names = list(dict.fromkeys(by))
     where = dict(where or {})
     if not _files(run, "samples"):
         return pd.DataFrame({**{n: [] for n in names}, "n": [], "n_failed": []})
     cell_names = [n for n in dict.fromkeys([*names, *where]) if n in _CELL_COLUMNS or n not in _SCALAR_COLUMNS]
     wanted = ["cell_id", *(n for n in cell_names if n in _CELL_COLUMNS and n != "cell_id"), "axes"]
-    cells = load_table(run, "cells", wanted)
+    if cells is None or not set(wanted) <= set(cells.column_names):
+        cells = load_table(run, "cells", wanted)
+    cells = cells.select(wanted)
     axes = axis_names(cells)
     for name in [*names, *where]:
         if name not in _SCALAR_COLUMNS and name not in axes:

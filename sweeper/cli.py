@@ -145,7 +145,8 @@ def report_cmd(
     if mode is not None:
         raise SweepError("--mode goes with --issue")
     # The table alone needs a few of the cells' columns; the explanation and a comparison need them all.
-    cells = analysis.load_cells(run, columns=None if explain or against else report.TABLE_COLUMNS)
+    cells_table = analysis.load_table(run, "cells", None if explain or against else report.TABLE_COLUMNS)
+    cells = analysis.frame(cells_table)
     order = report.commit_order(run, cells["commit"].astype(str) if "commit" in cells.columns else ())
     if against:
         from sweeper import compare
@@ -169,7 +170,8 @@ def report_cmd(
         row_axes = [a for a in (rows or "commit").split(",") if a]
         col_axes = [a for a in (cols or "spec_method").split(",") if a]
         # Counts per cell of the heatmap, aggregated in DuckDB: memory does not grow with the samples.
-        path = report.heatmap(analysis.failure_counts(run, [*row_axes, *col_axes]), row_axes, col_axes, heatmap,
+        counts = analysis.failure_counts(run, [*row_axes, *col_axes], cells=cells_table)
+        path = report.heatmap(counts, row_axes, col_axes, heatmap,
                               title=run.run_id, commit_order=order)
         out.print(f"heatmap: {path}")
     if html:
