@@ -188,14 +188,16 @@ def _axis_series(values: pa.ChunkedArray) -> pd.Series:
     return small.take(indices).reset_index(drop=True)
 
 
-def _frame(tbl: pa.Table) -> pd.DataFrame:
+def _frame(tbl: pa.Table, *, consume: bool = True) -> pd.DataFrame:
+    """`tbl` as pandas with one column per axis. `consume`: the table is the loader's own and is freed
+    as it is converted (no second copy of the samples in memory); it must not be used after."""
     names = axis_names(tbl) if "axes" in tbl.column_names else []
     new = {}
     for name in names:
         if name not in tbl.column_names:
             looked = [pc.map_lookup(c, pa.scalar(name, pa.string()), "first") for c in tbl.column("axes").chunks]
             new[name] = _axis_series(pa.chunked_array(looked, type=pa.string()))
-    df = tbl.to_pandas(self_destruct=True, split_blocks=True)
+    df = tbl.to_pandas(self_destruct=consume, split_blocks=True)
     for series in new.values():
         series.index = df.index
     return pd.concat([df, pd.DataFrame(new)], axis=1) if new else df
@@ -215,8 +217,8 @@ def load_cells(run: RunDir, columns: Sequence[str] | None = None,
 
 def frame(tbl: pa.Table) -> pd.DataFrame:
     """A samples or cells table (`load_table`) as `load_samples` and `load_cells` give it: one column
-    per axis added."""
-    return _frame(tbl)
+    per axis added. The table stays usable."""
+    return _frame(tbl, consume=False)
 
 
 def server_starts(cells: pd.DataFrame) -> int:
