@@ -108,13 +108,18 @@ class RunCatalogue:
     def current(cls, run: Location, *, save: bool = True) -> RunCatalogue:
         """The run's catalogue brought in line with its listing (files it lacked indexed); saved
         when that changed it and `save` (a read-only store is read all the same)."""
-        cat = cls(run, cls._read(run.join(CATALOGUE)))
+        cat = cls.stored(run)
         if cat.reconcile() and save:
             try:
                 cat.save()
             except StoreError:
                 pass  # not writable here: the next reader indexes the same files again
         return cat
+
+    @classmethod
+    def stored(cls, run: Location) -> RunCatalogue:
+        """The run's catalogue as stored, not yet checked against the listing."""
+        return cls(run, cls._read(run.join(CATALOGUE)))
 
     @staticmethod
     def _read(where: Location) -> dict[tuple[str, str], Entry]:

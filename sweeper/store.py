@@ -503,8 +503,8 @@ class RunDir:
         if self._identity is not None:
             extra["run"] = self._identity
         self.cells_path(group_id).write_atomic(parquet_bytes(cells, extra))
-        catalogue.add("samples", group_id, self.samples_path(group_id).info(), keys_of(samples))
-        catalogue.add("cells", group_id, self.cells_path(group_id).info(), keys_of(cells))
+        catalogue.add("samples", group_id, self._as_listed("samples", group_id), keys_of(samples))
+        catalogue.add("cells", group_id, self._as_listed("cells", group_id), keys_of(cells))
         catalogue.save()
 
     def write_table(self, rel: str, tbl: pa.Table) -> None:
@@ -513,8 +513,17 @@ class RunDir:
         catalogue = self.catalogue() if indexed else None
         self.file(*parts).write_atomic(parquet_bytes(tbl))
         if catalogue is not None:
-            catalogue.add(parts[0], parts[1][:-len(".parquet")], self.file(*parts).info(), keys_of(tbl))
+            name = parts[1][:-len(".parquet")]
+            catalogue.add(parts[0], name, self._as_listed(parts[0], name), keys_of(tbl))
             catalogue.save()
+
+    def _as_listed(self, kind: str, name: str) -> pafs.FileInfo:
+        """A file just written, as a listing shows it: readers compare the catalogue with a listing,
+        and on an object store a request for the one object need not report the same time."""
+        where = self.file(kind, f"{name}.parquet")
+        if self.local:
+            return where.info()
+        return self.listing(kind).get(name) or where.info()
 
     def catalogue(self) -> RunCatalogue:
         """The run's catalogue as this writer keeps it: read and brought in line with the listing once
