@@ -55,6 +55,10 @@ def serve(ctx: typer.Context) -> None:
 
 
 def serve_main(argv: list[str]) -> int:
+    # The HTTP server's imports, paid by a server only (not by every `sweep` command), and before its
+    # first log line: a stop signal that follows a line must find its handler installed.
+    from sweeper.sim.server import run
+
     log = Logger()
     try:
         sim_tree = tree.load()
@@ -83,9 +87,6 @@ def serve_main(argv: list[str]) -> int:
     if refusal is not None:
         _traceback(log, where, refusal)
         return 1
-    # The HTTP server's imports, paid only by a server (not by every `sweep` command).
-    from sweeper.sim.server import run
-
     return run(startup, sim_tree, log)
 
 
