@@ -24,10 +24,12 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
+from sweeper import catalogue
+from sweeper.catalogue import Wanted
 from sweeper.errors import StoreError, SweepError, one_line
 from sweeper.matrix import canonical
 from sweeper.storage import Location
-from sweeper.store import CELL_SCHEMA, MANIFEST, PROBE_SCHEMA, SAMPLE_SCHEMA, RunDir
+from sweeper.store import CELL_SCHEMA, KINDS, MANIFEST, PROBE_SCHEMA, SAMPLE_SCHEMA, RunDir
 
 _TABLES = {"samples": SAMPLE_SCHEMA, "cells": CELL_SCHEMA, "probes": PROBE_SCHEMA}
 
@@ -80,7 +82,9 @@ def load_table(run: RunDir, kind: str, columns: Sequence[str] | None = None,
 def _read_files(files: Sequence[str], fs: pafs.FileSystem, kind: str, columns: Sequence[str] | None,
                 filter: pc.Expression | None, *, where: str) -> pa.Table:
     try:
-        dataset = ds.dataset(list(files), schema=_TABLES[kind], format="parquet", filesystem=fs)
+        # The paths as they are: no discovery (a stat of each file), the declared schema for all.
+        dataset = ds.FileSystemDataset.from_paths(list(files), schema=_TABLES[kind], format=ds.ParquetFileFormat(),
+                                                  filesystem=fs)
         return dataset.to_table(columns=list(columns) if columns is not None else None, filter=filter)
     except (OSError, pa.ArrowException) as exc:
         # The footers checked out, but a page did not: damage deeper than the footer.
@@ -96,6 +100,32 @@ def read_runs(runs_dir: str | os.PathLike[str] | Location, kind: str, columns: S
     if not files:
         return _TABLES[kind].empty_table().select(list(columns))
     return _read_files(files, runs[0].fs, kind, columns, filter, where=str(Location.parse(runs_dir)))
+
+
+def read_matching(runs_dir: str | os.PathLike[str] | Location, wanted: Wanted, columns: Mapping[str, Sequence[str]],
+                  filter: pc.Expression | None = None) -> dict[str, pa.Table]:
+    """Per kind in `columns` (samples, cells, probes): those columns of the rows passing `filter`, read
+    only from the files whose catalogue entries hold a `wanted` experiment (`sweeper.catalogue`), in
+    every run under `runs_dir`. Runs that hold none cost a listing, not a file read. A group is read
+    only when both its files check out, as everywhere else."""
+    runs = run_dirs(runs_dir)
+    found: dict[str, list[str]] = {kind: [] for kind in columns}
+    for run in runs:
+        names = catalogue.matching(run.location, wanted, columns)
+        groups = {n for kind in columns if kind != "probes" for n in names[kind]}
+        scan = run.scan(groups=bool(groups), probes=bool(names.get("probes")), manifest=False,
+                        only=groups | set(names.get("probes", ())))
+        for kind in columns:
+            if kind == "probes":
+                found[kind] += sorted(scan.probes)
+            else:
+                found[kind] += [paths[KINDS.index(kind)] for _, paths in sorted(scan.groups.items())]
+    out = {}
+    for kind, cols in columns.items():
+        files = found[kind]
+        out[kind] = (_read_files(files, runs[0].fs, kind, cols, filter, where=str(Location.parse(runs_dir))) if files
+                     else _TABLES[kind].empty_table().select(list(cols)))
+    return out
 
 
 def _decode(value: str) -> Any:
@@ -158,14 +188,16 @@ def _axis_series(values: pa.ChunkedArray) -> pd.Series:
     return small.take(indices).reset_index(drop=True)
 
 
-def _frame(tbl: pa.Table) -> pd.DataFrame:
+def _frame(tbl: pa.Table, *, consume: bool = True) -> pd.DataFrame:
+    """`tbl` as pandas with one column per axis. `consume`: the table is the loader's own and is freed
+    as it is converted (no second copy of the samples in memory); it must not be used after."""
     names = axis_names(tbl) if "axes" in tbl.column_names else []
     new = {}
     for name in names:
         if name not in tbl.column_names:
             looked = [pc.map_lookup(c, pa.scalar(name, pa.string()), "first") for c in tbl.column("axes").chunks]
             new[name] = _axis_series(pa.chunked_array(looked, type=pa.string()))
-    df = tbl.to_pandas(self_destruct=True, split_blocks=True)
+    df = tbl.to_pandas(self_destruct=consume, split_blocks=True)
     for series in new.values():
         series.index = df.index
     return pd.concat([df, pd.DataFrame(new)], axis=1) if new else df
@@ -181,6 +213,12 @@ def load_samples(run: RunDir, columns: Sequence[str] | None = None,
 def load_cells(run: RunDir, columns: Sequence[str] | None = None,
                filter: pc.Expression | None = None) -> pd.DataFrame:
     return _frame(load_table(run, "cells", columns, filter))
+
+
+def frame(tbl: pa.Table) -> pd.DataFrame:
+    """A samples or cells table (`load_table`) as `load_samples` and `load_cells` give it: one column
+    per axis added. The table stays usable."""
+    return _frame(tbl, consume=False)
 
 
 def server_starts(cells: pd.DataFrame) -> int:
@@ -252,21 +290,26 @@ _CELL_COLUMNS = frozenset({"run_id", "group_id", "cell_id", "server_key", "setti
                            "suite", "suite_digest"})
 
 
-def failure_counts(run: RunDir, by: Sequence[str], *, where: Mapping[str, Any] | None = None) -> pd.DataFrame:
+def failure_counts(run: RunDir, by: Sequence[str], *, where: Mapping[str, Any] | None = None,
+                   cells: pa.Table | None = None) -> pd.DataFrame:
     """Samples and failures per combination of the `by` axes, aggregated in DuckDB: columns `by`
     (values as `load_samples` gives them), `n` and `n_failed`. Memory is that of the result, not of
     the samples. `where`: axis -> value equality filters.
 
     Axes are constant within a cell, so DuckDB counts per cell (and per sample column asked for,
     `case_id` say), reading two or three columns; each cell's axis values come from the small
-    cells table. Reading every sample's `axes` map instead costs about ten times as much."""
+    cells table. Reading every sample's `axes` map instead costs about ten times as much.
+    `cells`: the run's cells table when the caller has read it already (`load_table`), so that it is
+    not read again (read anyway when it lacks a column needed here)."""
     names = list(dict.fromkeys(by))
     where = dict(where or {})
     if not _files(run, "samples"):
         return pd.DataFrame({**{n: [] for n in names}, "n": [], "n_failed": []})
     cell_names = [n for n in dict.fromkeys([*names, *where]) if n in _CELL_COLUMNS or n not in _SCALAR_COLUMNS]
     wanted = ["cell_id", *(n for n in cell_names if n in _CELL_COLUMNS and n != "cell_id"), "axes"]
-    cells = load_table(run, "cells", wanted)
+    if cells is None or not set(wanted) <= set(cells.column_names):
+        cells = load_table(run, "cells", wanted)
+    cells = cells.select(wanted)
     axes = axis_names(cells)
     for name in [*names, *where]:
         if name not in _SCALAR_COLUMNS and name not in axes:

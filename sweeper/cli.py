@@ -123,6 +123,7 @@ def report_cmd(
     issue: Annotated[bool, typer.Option("--issue", help="Print Markdown for vLLM's bug template (one failure mode; see --mode).")] = False,
     mode: Annotated[str | None, typer.Option("--mode", help="With --issue: the failure mode (its number in --explain, or part of its name).")] = None,
     against: Annotated[str | None, typer.Option("--against", help="Compare with this run: failure-rate change per cell with its interval.")] = None,
+    all_cells: Annotated[bool, typer.Option("--all", help="Show every cell in the table (default: the 200 that fail most, when there are more).")] = False,
 ) -> None:
     """Failure rates per cell with 95% intervals; optionally a heatmap, the explanation, an HTML report,
     a vLLM bug report, or a comparison with another run.
@@ -143,7 +144,9 @@ def report_cmd(
         return
     if mode is not None:
         raise SweepError("--mode goes with --issue")
-    cells = analysis.load_cells(run)
+    # The table alone needs a few of the cells' columns; the explanation and a comparison need them all.
+    cells_table = analysis.load_table(run, "cells", None if explain or against else report.TABLE_COLUMNS)
+    cells = analysis.frame(cells_table)
     order = report.commit_order(run, cells["commit"].astype(str) if "commit" in cells.columns else ())
     if against:
         from sweeper import compare
@@ -157,7 +160,8 @@ def report_cmd(
             out.print(line, markup=False, highlight=False)
         out.print(compare.table(result))
     else:
-        out.print(report.cells_table(cells, title=f"run {run.run_id}", commit_order=order))
+        out.print(report.cells_table(cells, title=f"run {run.run_id}", commit_order=order,
+                                     limit=None if all_cells else report.TABLE_ROWS))
     if explain:
         from sweeper.explain import render
 
@@ -166,7 +170,8 @@ def report_cmd(
         row_axes = [a for a in (rows or "commit").split(",") if a]
         col_axes = [a for a in (cols or "spec_method").split(",") if a]
         # Counts per cell of the heatmap, aggregated in DuckDB: memory does not grow with the samples.
-        path = report.heatmap(analysis.failure_counts(run, [*row_axes, *col_axes]), row_axes, col_axes, heatmap,
+        counts = analysis.failure_counts(run, [*row_axes, *col_axes], cells=cells_table)
+        path = report.heatmap(counts, row_axes, col_axes, heatmap,
                               title=run.run_id, commit_order=order)
         out.print(f"heatmap: {path}")
     if html:

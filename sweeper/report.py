@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
 from rich.table import Table
 
@@ -54,11 +55,43 @@ _STATUS_STYLE = {Status.OK: "", Status.INSTALL_FAILED: "magenta", Status.SERVER_
                  Status.TIMEOUT: "yellow", Status.CRASHED: "red"}
 
 
-def cells_table(cells: pd.DataFrame, *, title: str = "", commit_order: Sequence[str] = ()) -> Table:
+# A terminal table of more cells than this shows the worst ones (`--all`: every one). Thousands of rows
+# are not read in a terminal, and rich takes seconds to lay them out; the heatmap, `--html` and
+# `sweeper.analysis` show every cell.
+TABLE_ROWS = 200
+
+# The cell columns `cells_table` shows (a report that prints only the table reads only these).
+TABLE_COLUMNS = ("run_id", "cell_id", *CORE_COLUMNS, "axes", "status", "n_samples", "n_failed", "failed_checks",
+                 "effective_differs")
+
+
+def worst_cells(cells: pd.DataFrame, limit: int) -> pd.DataFrame:
+    """The `limit` cells that fail most: cells that did not run `ok` first, then by the low end of
+    the failure rate's 95% interval (so that 1 failure in 1 does not outrank 300 in 1,000), then by
+    failures."""
+    if len(cells) <= limit:
+        return cells
+    n = cells["n_samples"].fillna(0).astype(int).tolist()
+    k = cells["n_failed"].fillna(0).astype(int).tolist()
+    rank = pd.DataFrame({"not_ok": cells["status"].ne(Status.OK).to_numpy(),
+                         "low": [wilson(min(f, m), m)[0] if m else 0.0 for f, m in zip(k, n, strict=True)],
+                         "k": k}, index=cells.index)
+    keep = rank.sort_values(["not_ok", "low", "k"], ascending=False, kind="stable").index[:limit]
+    return cells.loc[cells.index.isin(keep)]
+
+
+def cells_table(cells: pd.DataFrame, *, title: str = "", commit_order: Sequence[str] = (),
+                limit: int | None = TABLE_ROWS) -> Table:
     """One row per cell: the axes that vary, status, failures with a Wilson 95% interval; commits in
-    history order (`commit_order`, oldest first; others after them)."""
+    history order (`commit_order`, oldest first; others after them). Above `limit` cells (None: no
+    limit), only the worst `limit` (`worst_cells`), and a caption says so."""
     axes = varying_axes(cells)
-    table = Table(title=title or None, show_lines=False)
+    shown = worst_cells(cells, limit) if limit is not None else cells
+    caption = None
+    if len(shown) < len(cells):
+        caption = (f"the {len(shown):,} of {len(cells):,} cells that fail most (not ok first, then by the low end of "
+                   "the interval); `sweep report --all` shows every cell")
+    table = Table(title=title or None, caption=caption, show_lines=False)
     for name in axes:
         table.add_column(name.removeprefix("env.").removeprefix("request."), overflow="fold")
     table.add_column("status")
@@ -66,9 +99,9 @@ def cells_table(cells: pd.DataFrame, *, title: str = "", commit_order: Sequence[
     table.add_column("failure rate [95% CI]", justify="right")
     table.add_column("failing checks", overflow="fold")
     table.add_column("requested ≠ effective", overflow="fold")
-    order = [c for c in axes if c in cells.columns]
-    rows = cells.sort_values(order, key=lambda s: _sort_key(s, commit_order)) if order else cells
-    for _, row in rows.iterrows():
+    order = [c for c in axes if c in shown.columns]
+    rows = shown.sort_values(order, key=lambda s: _sort_key(s, commit_order)) if order else shown
+    for row in rows.to_dict("records"):
         status = row["status"]
         style = _STATUS_STYLE.get(status, "")
         n, k = int(row["n_samples"] or 0), int(row["n_failed"] or 0)
@@ -174,36 +207,70 @@ def heatmap(samples: pd.DataFrame, rows: Sequence[str], cols: Sequence[str], pat
             commit_order: Sequence[str] = ()) -> Path:
     """Write a failure-rate heatmap (PNG or SVG by suffix); commits in history order, labels whole.
     `samples`: sample rows, or counts per combination from `analysis.failure_counts` (any size of run)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # A figure on the Agg canvas, without pyplot: no global backend switched, no figure manager, and
+    # less to import.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     pivot, counts = _pivots(samples, rows, cols, commit_order)
     # Room for the longest labels: a sha or a long flag value is shown whole, never cut.
     row_chars = max((len(_label(i)) for i in pivot.index), default=4)
     col_chars = max((len(_label(c)) for c in pivot.columns), default=4)
-    fig, ax = plt.subplots(figsize=(1.6 + 0.07 * row_chars + max(1.3, 0.09 * col_chars) * max(1, pivot.shape[1]),
-                                    1.2 + 0.45 * pivot.shape[0] + 0.06 * col_chars))
-    im = ax.imshow(pivot.to_numpy(dtype=float), cmap="Reds", vmin=0, vmax=1, aspect="auto")
+    fig = Figure(figsize=(1.6 + 0.07 * row_chars + max(1.3, 0.09 * col_chars) * max(1, pivot.shape[1]),
+                          1.2 + 0.45 * pivot.shape[0] + 0.06 * col_chars))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    rates = pivot.to_numpy(dtype=float)
+    im = ax.imshow(rates, cmap="Reds", vmin=0, vmax=1, aspect="auto")
     ax.set_xticks(range(pivot.shape[1]), [_label(c) for c in pivot.columns], rotation=30, ha="right")
     ax.set_yticks(range(pivot.shape[0]), [_label(i) for i in pivot.index])
-    for i in range(pivot.shape[0]):
-        for j in range(pivot.shape[1]):
-            v = pivot.iat[i, j]
-            if pd.notna(v):
-                n = counts.iat[i, j]
-                ax.text(j, i, f"{100 * v:.0f}%\nn={n}", ha="center", va="center", fontsize=8,
-                        color="white" if v > 0.5 else "black")
+    cells = [(i, j, f"{100 * rates[i, j]:.0f}%\nn={counts.iat[i, j]}", rates[i, j] > 0.5)
+             for i in range(pivot.shape[0]) for j in range(pivot.shape[1]) if not np.isnan(rates[i, j])]
+    if cells:
+        ax.add_collection(_annotations(fig, ax, cells), autolim=False)
     ax.set_xlabel(" / ".join(cols))
     ax.set_ylabel(" / ".join(rows))
     ax.set_title(title or "failure rate")
     fig.colorbar(im, ax=ax, fraction=0.04)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    fig.savefig(path, dpi=120)  # the figure is sized and laid out for its labels: no second, cropping draw
     return path
+
+
+def _annotations(fig: Any, ax: Any, cells: Sequence[tuple[int, int, str, bool]]) -> Any:
+    """Each cell's label, centred on it, as one collection of glyph outlines: one draw for the whole
+    grid. (One `ax.text` per cell costs milliseconds each to draw, seconds for a 50 x 10 grid.)
+    `cells`: (row, column, text, on a dark cell)."""
+    from matplotlib.collections import PathCollection
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.path import Path as GlyphPath
+    from matplotlib.textpath import TextPath
+    from matplotlib.transforms import Affine2D
+
+    font = FontProperties(size=8)
+    shapes: dict[str, Any] = {}
+
+    def shape(text: str) -> Any:
+        """`text` in points, each line centred, the block centred on (0, 0); made once per distinct text."""
+        if text not in shapes:
+            lines = text.split("\n")
+            step = 1.2 * font.get_size_in_points()
+            parts = []
+            for k, line in enumerate(lines):
+                glyphs = TextPath((0, 0), line, prop=font)
+                box = glyphs.get_extents()
+                y = (len(lines) - 1) / 2 * step - k * step - font.get_size_in_points() * 0.35
+                parts.append(glyphs.transformed(Affine2D().translate(-(box.x0 + box.x1) / 2, y)))
+            shapes[text] = GlyphPath.make_compound_path(*parts)
+        return shapes[text]
+
+    collection = PathCollection([shape(text) for _, _, text, _ in cells], offsets=[(j, i) for i, j, _, _ in cells],
+                                offset_transform=ax.transData, facecolors=["white" if dark else "black" for *_, dark in cells],
+                                edgecolors="none", linewidths=0)
+    # Glyphs are in points: scaled to pixels at whatever dpi the figure is saved with.
+    collection.set_transform(Affine2D().scale(1 / 72) + fig.dpi_scale_trans)
+    return collection
 
 
 def _label(value: Any) -> str:

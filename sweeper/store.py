@@ -7,6 +7,8 @@ knows exactly which groups are done: a group is done when its cells file exists 
 both files check out. Each file's metadata records its row count; the cells file also records its
 samples file's row count and size and the run's manifest (all but the matrix), so damage is found
 when a file is read and a lost manifest can be rebuilt. Damaged files are moved aside, never deleted.
+After each Parquet file it writes (or moves aside), the run's catalogue (`sweeper.catalogue`) is
+updated: which settings, suite and commits each file holds.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import json
 import os
 import re
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,6 +28,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from sweeper import __version__
+from sweeper.catalogue import INDEXED, RunCatalogue, keys_of, parquet_listing
 from sweeper.errors import StoreError, clip, one_line
 from sweeper.storage import Location, is_temp_name, local_side
 
@@ -285,6 +288,7 @@ class RunDir:
         self.location = Location.parse(root)
         self._identity: dict[str, Any] | None = None
         self._log_uploads: dict[str, tuple[int, int]] = {}
+        self._catalogue: RunCatalogue | None = None
 
     def __repr__(self) -> str:
         return f"RunDir({self.location.shown!r})"
@@ -351,26 +355,27 @@ class RunDir:
 
     def listing(self, kind: str) -> dict[str, pafs.FileInfo]:
         """`<kind>/*.parquet` by name (temporary files of unfinished writes left out)."""
-        return {i.base_name[:-len(".parquet")]: i for i in self.file(kind).listing()
-                if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")
-                and not i.base_name.startswith(".")}
+        return parquet_listing(self.file(kind))
 
-    def scan(self, *, groups: bool = True, probes: bool = True, manifest: bool = True) -> Scan:
-        """Every Parquet file's footer checked (of the parts asked for); sound groups and damaged parts."""
+    def scan(self, *, groups: bool = True, probes: bool = True, manifest: bool = True,
+             only: Collection[str] | None = None) -> Scan:
+        """Every Parquet file's footer checked (of the parts asked for, of the groups and probes
+        named in `only` when given); sound groups and damaged parts."""
         out = Scan()
         if groups:
-            self._scan_groups(out)
+            self._scan_groups(out, only)
         if probes:
-            self._scan_probes(out)
+            self._scan_probes(out, only)
         problem = self.manifest_problem() if manifest else None
         if problem:
             out.damage.insert(0, Damage(self.run_id, MANIFEST, problem, (MANIFEST,) if self.manifest_file.exists()
                                         else ()))
         return out
 
-    def _scan_groups(self, out: Scan) -> None:
+    def _scan_groups(self, out: Scan, only: Collection[str] | None) -> None:
         samples, cells = self.listing("samples"), self.listing("cells")
-        for gid in sorted(set(samples) | set(cells)):
+        names = set(samples) | set(cells)
+        for gid in sorted(names if only is None else names & set(only)):
             s_info, c_info = samples.get(gid), cells.get(gid)
             if c_info is None:
                 out.partial.append(gid)
@@ -398,8 +403,10 @@ class RunDir:
                 out.groups[gid] = (self.file(files[0]).path, self.file(files[1]).path)
                 out.rows[gid] = s.rows if s else 0
 
-    def _scan_probes(self, out: Scan) -> None:
+    def _scan_probes(self, out: Scan, only: Collection[str] | None) -> None:
         for name, info in self.listing("probes").items():
+            if only is not None and name not in only:
+                continue
             rel = f"probes/{name}.parquet"
             p = check_parquet(self.file(rel), info)
             if p.problem:
@@ -407,9 +414,10 @@ class RunDir:
             else:
                 out.probes.append(self.file(rel).path)
 
-    def files(self, kind: str) -> list[str]:
-        """The sound `samples`, `cells` or `probes` files (paths on `fs`), by name."""
-        scan = self.scan(groups=kind != "probes", probes=kind == "probes", manifest=False)
+    def files(self, kind: str, only: Collection[str] | None = None) -> list[str]:
+        """The sound `samples`, `cells` or `probes` files (paths on `fs`), by name; of the groups or
+        probes named in `only` when given."""
+        scan = self.scan(groups=kind != "probes", probes=kind == "probes", manifest=False, only=only)
         if kind == "probes":
             return sorted(scan.probes)
         index = KINDS.index(kind)
@@ -489,14 +497,40 @@ class RunDir:
         _check_schema(cells, CELL_SCHEMA, "cells")
         data = parquet_bytes(samples, {"group": group_id})
         self.sync_logs()
+        catalogue = self.catalogue()
         self.samples_path(group_id).write_atomic(data)
         extra: dict[str, Any] = {"group": group_id, "samples_rows": samples.num_rows, "samples_bytes": data.size}
         if self._identity is not None:
             extra["run"] = self._identity
         self.cells_path(group_id).write_atomic(parquet_bytes(cells, extra))
+        catalogue.add("samples", group_id, self._as_listed("samples", group_id), keys_of(samples))
+        catalogue.add("cells", group_id, self._as_listed("cells", group_id), keys_of(cells))
+        catalogue.save()
 
     def write_table(self, rel: str, tbl: pa.Table) -> None:
-        self.file(*rel.split("/")).write_atomic(parquet_bytes(tbl))
+        parts = rel.split("/")
+        indexed = len(parts) == 2 and parts[0] in INDEXED and parts[1].endswith(".parquet")
+        catalogue = self.catalogue() if indexed else None
+        self.file(*parts).write_atomic(parquet_bytes(tbl))
+        if catalogue is not None:
+            name = parts[1][:-len(".parquet")]
+            catalogue.add(parts[0], name, self._as_listed(parts[0], name), keys_of(tbl))
+            catalogue.save()
+
+    def _as_listed(self, kind: str, name: str) -> pafs.FileInfo:
+        """A file just written, as a listing shows it: readers compare the catalogue with a listing,
+        and on an object store a request for the one object need not report the same time."""
+        where = self.file(kind, f"{name}.parquet")
+        if self.local:
+            return where.info()
+        return self.listing(kind).get(name) or where.info()
+
+    def catalogue(self) -> RunCatalogue:
+        """The run's catalogue as this writer keeps it: read and brought in line with the listing once
+        (a resumed run, or one written before catalogues), then updated after each file it writes."""
+        if self._catalogue is None:
+            self._catalogue = RunCatalogue.current(self.location, save=False)
+        return self._catalogue
 
     def write_json(self, rel: str, data: Any) -> None:
         write_json_atomic(data, self.file(*rel.split("/")))
@@ -532,6 +566,7 @@ class RunDir:
         """Damaged files to `damaged/<time>/…` of the run (never deleted); returns where they went."""
         stamp = now_utc().strftime("%Y%m%dT%H%M%S.%fZ")
         moved = []
+        indexed = False
         for part in damage:
             for rel in part.files:
                 src = self.file(*rel.split("/"))
@@ -539,6 +574,12 @@ class RunDir:
                     dst = self.file("damaged", stamp, *rel.split("/"))
                     src.move(dst)
                     moved.append(f"{rel} -> damaged/{stamp}/{rel}")
+                    kind, _, name = rel.partition("/")
+                    if kind in INDEXED and name.endswith(".parquet"):
+                        self.catalogue().forget(kind, name[:-len(".parquet")])
+                        indexed = True
+        if indexed:
+            self.catalogue().save()
         return moved
 
     def clean_temp(self) -> None:

@@ -57,6 +57,7 @@ def test_a_run_in_s3_killed_resumed_and_read_back(s3: dict[str, str], tmp_path: 
     from sweeper import analysis
     from sweeper.bisect import driver
     from sweeper.bisect import modes as fm
+    from sweeper.catalogue import RunCatalogue
     from sweeper.matrix import load_matrix
     from sweeper.store import RunDir
     from sweeper.suite import load_suite
@@ -127,6 +128,10 @@ def test_a_run_in_s3_killed_resumed_and_read_back(s3: dict[str, str], tmp_path: 
     assert sorted(mine["request_id"]) == sorted(samples["request_id"])
     counts = analysis.failure_counts(run, ["commit"])
     assert counts["n"].sum() == 12 * 2 * 3 and set(counts["commit"]) == set(shas)
+
+    # Each group in the run's catalogue, as the bucket lists it (nothing to index again).
+    catalogue = RunCatalogue.stored(run.location)
+    assert len(catalogue.entries) == 24 and not catalogue.reconcile()
 
     # Bisect's reuse of stored samples: every (cell, commit) found, one server start each.
     m = load_matrix(matrix)

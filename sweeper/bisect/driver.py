@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from sweeper import __version__, analysis
 from sweeper.bisect import modes as fm
 from sweeper.bisect.report import describe
 from sweeper.bisect.search import BisectReport, Search
+from sweeper.catalogue import Wanted
 from sweeper.cluster import Cluster
 from sweeper.errors import BisectError, Interrupted, SweepError
 from sweeper.history import History, history_for
@@ -42,6 +44,7 @@ from sweeper.matrix import Cell, Matrix, ServerGroup, canonical, make_cell
 from sweeper.runner import GroupJob, GroupResult
 from sweeper.server import kill_leftovers
 from sweeper.status import ProbeStatus
+from sweeper.storage import Location
 from sweeper.store import (
     PROBE_SCHEMA,
     RunDir,
@@ -136,25 +139,20 @@ def cell_at(matrix: Matrix, cell: Cell, sha: str) -> Cell:
     return make_cell(matrix.spec, {**cell.values, "commit": sha}, order)
 
 
-def _read(runs_dir: str | Path, kind: str, columns: list[str], expr: Any) -> pa.Table:
-    """Only the columns and rows asked for, over every run: the cost follows what matches, not the
-    size of the whole folder."""
-    return analysis.read_runs(runs_dir, kind, columns, expr)
-
-
-def load_evidence(runs_dir: str | Path, targets: Sequence[Target], suite: Suite, shas: set[str],
-                  labels: dict[tuple[str, str], str], this_run: str) -> None:
+def load_evidence(runs_dir: str | os.PathLike[str] | Location, targets: Sequence[Target], suite: Suite,
+                  shas: set[str], labels: dict[tuple[str, str], str], this_run: str) -> None:
     """Fill each target's evidence from every stored run: samples grouped by server start, and the
-    commits where the cell could not be tested."""
+    commits where the cell could not be tested. Only the files whose catalogue entries hold these
+    settings, commits and suite are opened, and only the columns and rows asked for are read: the
+    cost follows what matches, not the size of the whole folder."""
     by_key = {t.settings_key: t for t in targets}
-    keys = pa.array(sorted(by_key))
-    wanted = pa.array(sorted(shas))
-    base = (pc.field("suite_digest") == suite.digest) & pc.field("settings_key").isin(keys) \
-        & pc.field("commit_sha").isin(wanted)
-    cells = _read(runs_dir, "cells", ["run_id", "group_id", "settings_key", "commit_sha", "status", "status_detail",
-                                      "failure_signature"], base)
-    samples = _read(runs_dir, "samples", ["run_id", "group_id", "settings_key", "commit_sha", "case_id",
-                                          "failed_checks"], base)
+    wanted = Wanted(frozenset(by_key), suite.digest, frozenset(shas))
+    base = (pc.field("suite_digest") == suite.digest) & pc.field("settings_key").isin(pa.array(sorted(by_key))) \
+        & pc.field("commit_sha").isin(pa.array(sorted(shas)))
+    read = analysis.read_matching(runs_dir, wanted, {
+        "cells": ["run_id", "group_id", "settings_key", "commit_sha", "status", "status_detail", "failure_signature"],
+        "samples": ["run_id", "group_id", "settings_key", "commit_sha", "case_id", "failed_checks"]}, base)
+    cells, samples = read["cells"], read["samples"]
     starts: dict[tuple[str, str, str, str], list[tuple[str, list[str] | None]]] = defaultdict(list)
     for row in samples.to_pylist():
         starts[(row["settings_key"], row["commit_sha"], row["run_id"], row["group_id"])].append(

@@ -13,7 +13,6 @@ import typer
 from sweeper.sim import args, config, repo, tree
 from sweeper.sim.behaviour import Behaviour
 from sweeper.sim.logs import Logger
-from sweeper.sim.server import run
 
 app = typer.Typer(
     help="The vLLM simulator: a vLLM-compatible server whose bugs are declared per commit.",
@@ -56,6 +55,10 @@ def serve(ctx: typer.Context) -> None:
 
 
 def serve_main(argv: list[str]) -> int:
+    # The HTTP server's imports, paid by a server only (not by every `sweep` command), and before its
+    # first log line: a stop signal that follows a line must find its handler installed.
+    from sweeper.sim.server import run
+
     log = Logger()
     try:
         sim_tree = tree.load()
