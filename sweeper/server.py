@@ -25,7 +25,6 @@ from types import TracebackType
 from typing import Self
 
 import httpx
-import psutil
 
 from sweeper.errors import ServerError
 
@@ -217,21 +216,3 @@ def _group_alive(pgid: int) -> bool:
         return True
     except (ProcessLookupError, PermissionError):
         return False
-
-
-def kill_leftovers(folder: Path) -> list[int]:
-    """KILL the process groups that `*.pgid` files in `folder` name. Servers are guarded now (they
-    stop when their owner dies) and write no such files; runs made by earlier versions have them."""
-    killed = []
-    for pid_file in folder.glob("*.pgid"):
-        try:
-            pid_text, created = pid_file.read_text().split()
-            pgid = int(pid_text)
-            ours = abs(psutil.Process(pgid).create_time() - float(created)) < 0.01
-        except (OSError, ValueError, psutil.Error):
-            ours = False
-        if ours and _group_alive(pgid):
-            _signal_group(pgid, signal.SIGKILL)
-            killed.append(pgid)
-        pid_file.unlink(missing_ok=True)
-    return killed

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from sweeper import __version__
 from sweeper.catalogue import INDEXED, RunCatalogue, keys_of, parquet_listing
 from sweeper.errors import StoreError, clip, one_line
-from sweeper.storage import Location, is_temp_name, local_side
+from sweeper.storage import Location, is_temp_name
 
 SCHEMA_VERSION = 1
 _META = {b"schema_version": str(SCHEMA_VERSION).encode(), b"producer": f"sweeper {__version__}".encode()}
@@ -287,7 +287,6 @@ class RunDir:
     def __init__(self, root: str | os.PathLike[str] | Location) -> None:
         self.location = Location.parse(root)
         self._identity: dict[str, Any] | None = None
-        self._log_uploads: dict[str, tuple[int, int]] = {}
         self._catalogue: RunCatalogue | None = None
 
     def __repr__(self) -> str:
@@ -339,11 +338,10 @@ class RunDir:
 
     @property
     def logs(self) -> Path:
-        """Server logs and process-group files, on this machine: the run's own `logs/` folder, or
-        for a run on an object store a local folder whose logs are copied there with each group."""
-        if self.local:
-            return self.root / "logs"
-        return local_side(self.runs_dir) / self.run_id / "logs"
+        """The server logs' folder of a run on this machine's disk (`read_log` reads them anywhere)."""
+        if not self.local:
+            raise StoreError(f"{self.uri} is not on this machine's disk; its logs are read with read_log")
+        return self.root / "logs"
 
     def samples_path(self, group_id: str) -> Location:
         return self.file("samples", f"{group_id}.parquet")
@@ -496,7 +494,6 @@ class RunDir:
         _check_schema(samples, SAMPLE_SCHEMA, "samples")
         _check_schema(cells, CELL_SCHEMA, "cells")
         data = parquet_bytes(samples, {"group": group_id})
-        self.sync_logs()
         catalogue = self.catalogue()
         self.samples_path(group_id).write_atomic(data)
         extra: dict[str, Any] = {"group": group_id, "samples_rows": samples.num_rows, "samples_bytes": data.size}
@@ -544,16 +541,6 @@ class RunDir:
         full = {**data, "schema_version": SCHEMA_VERSION}
         write_json_atomic(full, self.manifest_file)
         self._identity = _identity(full)
-
-    def sync_logs(self) -> None:
-        """For a run on an object store: copy server logs that are new or grew since the last copy."""
-        if self.local or not self.logs.is_dir():
-            return
-        for path in sorted(self.logs.glob("*.log")):
-            stat = path.stat()
-            if self._log_uploads.get(path.name) != (stat.st_size, stat.st_mtime_ns):
-                self.file("logs", path.name).write_atomic(path.read_bytes())
-                self._log_uploads[path.name] = (stat.st_size, stat.st_mtime_ns)
 
     def read_log(self, name: str) -> str | None:
         """A server log's text (`name` without `.log`), wherever the run is; None when absent."""

@@ -131,7 +131,6 @@ def test_every_cell_status_one_server_per_key_and_parquet(tmp_path: Path, tiny_s
     con = analysis.duckdb_connect(tmp_path / "runs")
     assert con.execute("select count(*) from samples").fetchone()[0] == len(samples)
     assert duckdb.sql(f"select count(*) from read_parquet('{run.root}/cells/*.parquet')").fetchall()[0][0] == 28
-    assert not list((run.root / "logs").glob("*.pgid"))
     assert server_groups_alive(run) == []
     # The analysis notebook runs on these results and draws its heatmap.
     run_notebook(Path(__file__).parent.parent / "notebooks" / "failure-rates.ipynb", run.root)
@@ -171,7 +170,6 @@ def test_resume_after_a_killed_run_gives_exactly_once_rows(tmp_path: Path, tiny_
     assert len(samples) == 12 * 2 * 3
     assert len(list(cells_dir.glob("*.parquet"))) == 12
     assert not list(run.root.rglob("*.tmp"))
-    assert not list((run.root / "logs").glob("*.pgid"))
     assert server_groups_alive(run) == []
 
 

@@ -42,7 +42,6 @@ from sweeper.errors import BisectError, Interrupted, SweepError
 from sweeper.history import History, history_for
 from sweeper.matrix import Cell, Matrix, ServerGroup, canonical, make_cell
 from sweeper.runner import GroupJob, GroupResult
-from sweeper.server import kill_leftovers
 from sweeper.status import ProbeStatus
 from sweeper.storage import Location
 from sweeper.store import (
@@ -496,7 +495,6 @@ def bisect_cells(*, matrix: Matrix, cells: list[Cell], suite: Suite, good: str, 
                                     "bad_sha": bad_sha, "commits": commits, "settings_keys": keys,
                                     "cells": [{k: v for k, v in c.values.items() if k != "commit"} for c in cells],
                                     "suite_digest": suite.digest, "repo": history.where})
-                run.logs.mkdir(parents=True, exist_ok=True)
                 b = Bisector(matrix=matrix, targets=[Target(c) for c in cells], suite=suite, repo=repo_path,
                              history=history, run=run,
                              runs_dir=runs_dir, commits=commits, search_options=options, cache_dir=cache_dir,
@@ -512,8 +510,6 @@ def bisect_cells(*, matrix: Matrix, cells: list[Cell], suite: Suite, good: str, 
     except KeyboardInterrupt:
         raise Interrupted(run.uri, resume_command("bisect", "--good", good, "--bad", bad, runs_dir=runs_dir,
                                                   run_id=run.run_id)) from None
-    finally:
-        kill_leftovers(run.logs)
     summary = b.save_state(reports, final=True)
     return BisectOutcome(run, reports, b.targets, summary)
 
