@@ -222,3 +222,49 @@ def test_change_density_sums_the_gap_probabilities_over_the_range() -> None:
     assert len(density) == 65 and density[0] == 0.0
     assert density[40] == pytest.approx(report.changes[0].confidence)
     assert sum(density) == pytest.approx(sum(p for _, _, p in mode.gaps))
+
+
+def test_a_change_hidden_by_per_start_variation_is_not_reported_as_no_change() -> None:
+    """9 % -> 17 % at commit 99 of 140, each server start drawing its own rate (ICC 0.15): the search
+    ends without locating it, and the report says how sure it is instead of "no change"."""
+    from pathlib import Path
+
+    from sweeper.bisect.driver import Target
+    from sweeper.bisect.report import describe, render
+    from sweeper.history import ReleaseHistory
+    from sweeper.matrix import load_matrix
+
+    cs = commits(140)
+    report = drive(Search(cs), lambda i: {"a": 0.093 if i < 99 else 0.167}, k=4, rng=np.random.default_rng(0),
+                   icc=0.15)
+    (mode,) = report.modes
+    assert not [c for c in report.changes if c.found] and mode.fails_at_bad and mode.no_change < 0.99
+    cell = load_matrix(Path(__file__).resolve().parents[1] / "matrices" / "bisect-demo.yaml").cells[0]
+    text = render(describe([report], [Target(cell)], ReleaseHistory("vllm", cs, "install.versions"), cs))
+    assert "no change in the range" not in text
+    assert f"no change located in the range; P(no change) {100 * mode.no_change:.2f}% for a" in text
+    assert "short of the 99.00% target" in text
+    good, bad = mode.observed
+    seen = f"{good[0]}/{good[1]} ({100 * good[0] / good[1]:.1f}%) failed at good, {bad[0]}/{bad[1]}"
+    assert seen in text and good[0] / good[1] < bad[0] / bad[1]  # the endpoints as they were, not pooled
+    assert "its rate varies between server starts" in text
+
+
+def test_no_change_is_said_flatly_only_at_the_target() -> None:
+    from pathlib import Path
+
+    from sweeper.bisect.driver import Target
+    from sweeper.bisect.report import describe, render
+    from sweeper.history import ReleaseHistory
+    from sweeper.matrix import load_matrix
+
+    cs = commits(60)
+    cell = load_matrix(Path(__file__).resolve().parents[1] / "matrices" / "bisect-demo.yaml").cells[0]
+    report = drive(Search(cs), lambda i: {"a": 0.3}, k=4)
+    (mode,) = report.modes
+    summary = describe([report], [Target(cell)], ReleaseHistory("vllm", cs, "install.versions"), cs)
+    text = render(summary)
+    assert ("no change in the range" in text) == (mode.no_change >= 0.99)
+    # A stored report read back with a looser target: the same posterior now reaches it.
+    summary["confidence"] = min(mode.no_change, 0.9)
+    assert "  no change in the range" in render(summary).splitlines()

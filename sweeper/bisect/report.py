@@ -13,9 +13,12 @@
       done            false when a limit stopped the search with something open (`open`: how many)
       failing_at_bad  [{mode, rate: RATE, started: CHANGE | null, before_good: bool}]
                       what still fails at bad, and the regression that brought it (null with
-                      before_good = true when it fails at good alike: older than the range)
+                      before_good = true when it fails at good too and no start was found)
       changes         [CHANGE], oldest first
-      modes           [{mode, at_good: RATE, at_bad: RATE, no_change, rho, fails_at_good, fails_at_bad}]
+      modes           [{mode, at_good: RATE, at_bad: RATE, no_change, rho, fails_at_good, fails_at_bad,
+                        observed_at_good: {failures, samples}, observed_at_bad: {failures, samples}}]
+                      at_good / at_bad: the model's segments at either end (one and the same when it
+                      finds no change); observed_at_*: what the endpoints themselves showed
       rounds, probes, samples, skipped: [[sha, reason]]
     rounds, server_starts, reused_samples, gpu_seconds   for the whole bisect
     CHANGE  {mode, direction: "regression" | "fix", commit: COMMIT, candidates: [COMMIT],
@@ -47,6 +50,10 @@ SCHEMA = "sweep-bisect/2"
 
 def _rate(r: Rate) -> dict[str, Any]:
     return {f.name: getattr(r, f.name) for f in dataclasses.fields(Rate)}
+
+
+def _seen(failures: int, samples: int) -> dict[str, Any]:
+    return {"failures": failures, "samples": samples}
 
 
 def _pairs(changes: Sequence[Change]) -> dict[int, tuple[str | None, str | None]]:
@@ -100,7 +107,8 @@ def describe(reports: Sequence[BisectReport], targets: Sequence[Target], history
             "settings_key": target.settings_key, "bad_endpoint": rep.bad_endpoint.value, "done": rep.done,
             "open": rep.open_gaps, "failing_at_bad": failing, "changes": change_rows,
             "modes": [{"mode": m.mode, "at_good": _rate(m.at_good), "at_bad": _rate(m.at_bad), "no_change": m.no_change,
-                       "rho": m.rho, "fails_at_good": m.fails_at_good, "fails_at_bad": m.fails_at_bad}
+                       "rho": m.rho, "fails_at_good": m.fails_at_good, "fails_at_bad": m.fails_at_bad,
+                       "observed_at_good": _seen(*m.observed[0]), "observed_at_bad": _seen(*m.observed[1])}
                       for m in rep.modes],
             "rounds": rep.rounds, "probes": rep.probes, "samples": rep.samples,
             "skipped": [list(s) for s in rep.skipped]})
@@ -151,6 +159,27 @@ def _change(ch: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _seen_text(seen: dict[str, Any] | None) -> str:
+    if not seen or not seen.get("samples"):
+        return "none seen"
+    return f"{seen['failures']}/{seen['samples']} ({100 * seen['failures'] / seen['samples']:.1f}%)"
+
+
+def _no_change(cell: dict[str, Any], confidence: float) -> str:
+    """No change was located. Said flatly only when every failing mode's P(no change) reached the
+    target: the search stops looking once a change is under `explore` likely, short of it, and a
+    mode that varies between server starts can hide a small change below that."""
+    short = [m for m in cell["modes"] if m["fails_at_bad"] and m["no_change"] < confidence]
+    if not short:
+        return "  no change in the range"
+    return "  no change located in the range; " + "; ".join(
+        f"P(no change) {_pct(m['no_change'])} for {m['mode']} ("
+        + ", ".join([f"{_seen_text(m.get(f'observed_at_{end}'))} failed at {end}" for end in ("good", "bad")]
+                    + (["its rate varies between server starts"] if (m.get("rho") or 0) > 0.02 else [])) + ")"
+        for m in short) \
+        + f", short of the {_pct(confidence)} target"
+
+
 def render(summary: dict[str, Any]) -> str:
     """The report as plain text: what fails at bad and where it started, then every change."""
     out: list[str] = []
@@ -177,21 +206,26 @@ def render(summary: dict[str, Any]) -> str:
         if cell["failing_at_bad"]:
             out.append("  fails at bad:")
             for f in cell["failing_at_bad"]:
-                out.append(f"    {f['mode']}: {_r(f['rate'])}")
+                seen = next((m.get("observed_at_bad") for m in cell["modes"] if m["mode"] == f["mode"]), None)
+                pooled = seen and seen["samples"] != f["rate"]["samples"]
+                out.append(f"    {f['mode']}: {_r(f['rate'])}"
+                           + (f" over the commits pooled with bad; at bad itself {_seen_text(seen)}" if pooled else ""))
                 if f["started"]:
                     ch = f["started"]
                     where = _commit(ch["commit"]) if ch["located"] else f"in {ch['n_candidates']} commits " \
                         f"{ch['candidates'][0]['short']}..{ch['candidates'][-1]['short']}"
                     out.append(f"      started at {where} (confidence {_pct(ch['confidence'])})")
                 elif f["before_good"]:
-                    out.append("      fails at good alike: older than the range (try --widen)")
+                    seen = next((m.get("observed_at_good") for m in cell["modes"] if m["mode"] == f["mode"]), None)
+                    out.append("      fails at good too" + (f", {_seen_text(seen)}" if seen else "")
+                               + ": it started before the range (try --widen)")
                 else:
                     out.append("      where it started is undecided")
         if cell["changes"]:
             out.append("  every change in the range (oldest first):")
             out.extend(_change(ch) for ch in cell["changes"])
         elif state == BadEndpoint.FAILS.value:
-            out.append("  no change in the range")
+            out.append(_no_change(cell, summary.get("confidence") or 0.99))
         if not cell["done"]:
             out.append(f"  stopped at a limit with {cell['open']} open question(s): raise --max-samples")
         out.append(f"  {cell['probes']} probes, {cell['samples']} samples"

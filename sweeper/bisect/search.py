@@ -114,6 +114,9 @@ class ModeReport:
     fails_at_bad: bool  # credibly: the segment at `bad` has a rate above 0
     fails_at_good: bool
     gaps: tuple[tuple[int, int, float], ...] = ()  # (probed index, next probed index, P(change between))
+    # (failures, samples) seen at good and at bad themselves: at_good and at_bad are the segments the
+    # model pools them into, one and the same when it finds no change.
+    observed: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0))
 
     def change_density(self, n_commits: int) -> list[float]:
         """P(the rate changes at commit j) for every j: each gap's probability spread evenly over
@@ -480,5 +483,8 @@ class Search:
         fails_good = pts[0] == 0 and good.failures > 0 and good.low > 0
         fails_bad = pts[-1] == len(self.commits) - 1 and bad.failures > 0 and bad.low > 0
         gaps = tuple((pts[a], pts[a + 1], float(p)) for a, p in enumerate(post.gap_change))
+        last = len(self.commits) - 1
+        observed = tuple((sum(p.failures.get(mode, 0) for p in self._probes if p.index == i),
+                          sum(p.samples for p in self._probes if p.index == i)) for i in (0, last))
         return ModeReport(mode, tuple(changes), good, bad, post.no_change, post.rho,
-                          fails_bad, fails_good, gaps)
+                          fails_bad, fails_good, gaps, (observed[0], observed[1]))
