@@ -48,11 +48,13 @@ from histories import FAMILIES, SINGLE_MODE, History, fixed_step
 STEP_LINE = "step 0.01→0.1, N=200"
 ROUND_GUARD = 10_000  # a search still asking after this many rounds is counted as stuck
 _OLD: str | None = None
+_OPTIONS: dict = {}  # Search keywords other than its defaults (--search)
 
 
-def _init(old: str | None, src: str | None) -> None:
-    global _OLD
+def _init(old: str | None, src: str | None, options: dict | None = None) -> None:
+    global _OLD, _OPTIONS
     _OLD = old
+    _OPTIONS = dict(options or {})
     path = old or src
     if path:
         sys.path.insert(0, path)
@@ -79,7 +81,7 @@ def _run_new(h: History, k: int, rng: np.random.Generator, confidence: float,
              max_samples: int | None) -> dict:
     from sweeper.bisect import Search
 
-    s = Search(h.commits, confidence=confidence, max_samples=max_samples)
+    s = Search(h.commits, confidence=confidence, max_samples=max_samples, **_OPTIONS)
     index = {c: i for i, c in enumerate(h.commits)}
     loops, too_many = 0, 0
     while not s.done:
@@ -404,7 +406,14 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="write every search's result here")
     ap.add_argument("--compare", default=None, help="a --json file of an earlier run to set the cost next to")
     ap.add_argument("--examples", type=int, default=3, help="wrong/missed histories shown per family")
+    ap.add_argument("--search", action="append", default=[], metavar="KEY=VALUE",
+                    help="a keyword of sweeper.bisect.Search other than its default (repeatable), e.g. "
+                    "max_starts_per_commit=12 or explore=0.02")
     args = ap.parse_args()
+    options = {}
+    for item in args.search:
+        key, _, value = item.partition("=")
+        options[key] = json.loads(value)
     args.ks = tuple(int(x) for x in args.ks.split(","))
     families = [f.strip() for f in args.families.split(",")] if args.families else list(FAMILIES)
     if unknown := [f for f in families if f not in FAMILIES]:
@@ -421,7 +430,7 @@ def main() -> None:
 
     start = time.perf_counter()
     results = []
-    with mp.Pool(args.workers, initializer=_init, initargs=(args.old, args.src)) as pool:
+    with mp.Pool(args.workers, initializer=_init, initargs=(args.old, args.src, options)) as pool:
         for n, r in enumerate(pool.imap_unordered(run_one, tasks, chunksize=4), 1):
             results.append(r)
             if n % max(1, len(tasks) // 20) == 0:

@@ -97,6 +97,27 @@ def _no_server_outlives_its_test() -> Iterator[None]:
         pytest.fail("servers left running after the test (now killed):\n" + "\n".join(shown), pytrace=False)
 
 
+def wait_for_files(folder: Path, n: int, proc: subprocess.Popen[str], timeout: float) -> None:
+    """Until `folder` holds `n` Parquet files (results a running sweep or bisect wrote), while `proc`
+    still runs."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and len(list(folder.glob("*.parquet"))) < n:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[dict[str, str]]:
+    """A real S3 endpoint on 127.0.0.1 for the module (`objectstore.moto_s3`)."""
+    from objectstore import moto_s3, moto_server
+
+    server = moto_server()
+    if server is None:
+        pytest.skip("moto_server not installed (pip install 'moto[server]')")
+    with moto_s3(server) as env:
+        yield env
+
+
 def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
                           env={**os.environ, **GIT_ENV}).stdout.strip()

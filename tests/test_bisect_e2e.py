@@ -9,11 +9,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import wait_for_files
 
 from sweeper import analysis
 from sweeper.bisect.driver import run_bisect
@@ -122,10 +122,7 @@ def test_interrupted_bisect_resumes_to_the_same_report(demo: tuple[Path, dict[st
     proc = subprocess.Popen([*args, "--run-id", "r"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, env=env)
     probes_dir = runs / "r" / "probes"
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and len(list(probes_dir.glob("*.parquet"))) < 7:
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.2)
+    wait_for_files(probes_dir, 7, proc, 240)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     before = analysis.load_table(RunDir(runs / "r"), "probes").to_pandas()

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from conftest import git, make_sim_repo
 from multinode import NamespacedCluster, free_port, unshare_refused
-from objectstore import BUCKET, moto_s3, moto_server, names, s3fs
+from objectstore import BUCKET, names, s3fs
 
 from sweeper import analysis
 from sweeper.store import RunDir
@@ -167,15 +167,6 @@ axes: {commit: [v0.31.0, v0.32.0], spec_method: [none]}
     cells, _ = check_run(cluster, RunDir(files / "runs" / "source"), groups=2, cells=2, samples_per_cell=4)
     assert dict(zip(cells.commit, cells.vllm_version, strict=True)) == {"v0.31.0": "0.31.0", "v0.32.0": "0.32.0"}
     assert cluster.wait_no_servers() == []
-
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[dict[str, str]]:
-    server = moto_server()
-    if server is None:
-        pytest.skip("moto_server not installed (pip install 'moto[server]')")
-    with moto_s3(server) as env:
-        yield env
 
 
 def test_ray_job_submit_of_the_demo_writes_its_run_to_object_storage(cluster: NamespacedCluster,

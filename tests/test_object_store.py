@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -21,18 +20,9 @@ import psutil
 import pyarrow.fs as pafs
 import pytest
 from conftest import make_sim_repo
-from objectstore import BUCKET, moto_s3, moto_server, names, s3fs
+from objectstore import BUCKET, names, s3fs
 
 pytest.importorskip("moto", reason="moto[server] (a dev extra) runs the local S3 endpoint")
-
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[dict[str, str]]:
-    server = moto_server()
-    if server is None:
-        pytest.skip("moto_server not installed (pip install 'moto[server]')")
-    with moto_s3(server) as env:
-        yield env
 
 
 def sweep_cli(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:

@@ -8,14 +8,13 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import duckdb
 import pandas as pd
 import psutil
 import pytest
-from conftest import make_sim_repo
+from conftest import make_sim_repo, wait_for_files
 
 from sweeper import analysis
 from sweeper.server import ServerProcess
@@ -141,19 +140,21 @@ def sweep_cli(*args: str, **kw: object) -> subprocess.Popen[str]:
                             stderr=subprocess.PIPE, text=True, start_new_session=True, **kw)  # type: ignore[call-overload]
 
 
-def test_resume_after_a_killed_run_gives_exactly_once_rows(tmp_path: Path, tiny_suite: Path) -> None:
+def six_commits(tmp_path: Path, suite: Path) -> tuple[Path, Path, dict[str, str]]:
+    """A 12-cell matrix over six commits slow enough (~10 ms a token) to interrupt mid-run: (matrix
+    file, runs folder, environment of a driver that starts its own local Ray)."""
     repo = tmp_path / "vllm"
     history = [(f"c{i}", {"token_latency_s": 0.01}) for i in range(6)]
     make_sim_repo(repo, history)
-    path = matrix_file(tmp_path, tiny_suite, repo, [t for t, _ in history])
-    runs = tmp_path / "runs"
-    env = {**os.environ, "RAY_ADDRESS": ""}
+    return matrix_file(tmp_path, suite, repo, [t for t, _ in history]), tmp_path / "runs", \
+        {**os.environ, "RAY_ADDRESS": ""}
+
+
+def test_resume_after_a_killed_run_gives_exactly_once_rows(tmp_path: Path, tiny_suite: Path) -> None:
+    path, runs, env = six_commits(tmp_path, tiny_suite)
     proc = sweep_cli("matrix", str(path), "--runs-dir", str(runs), "--run-id", "r", "--gpus", "2", env=env)
     cells_dir = runs / "r" / "cells"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and len(list(cells_dir.glob("*.parquet"))) < 2:
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.2)
+    wait_for_files(cells_dir, 2, proc, 120)
     # Kill the whole driver (and its Ray) at once, mid-run, as a lost machine would.
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -177,22 +178,14 @@ def test_ctrl_c_stores_nothing_under_way_and_names_the_resume_command(tmp_path: 
     """Ctrl-C in a terminal: SIGINT to the whole foreground process group (the driver and its local
     Ray). The run keeps every finished group whole, no server is left, and the command it prints
     finishes the run with every row once."""
-    repo = tmp_path / "vllm"
-    history = [(f"c{i}", {"token_latency_s": 0.01}) for i in range(6)]
-    make_sim_repo(repo, history)
-    path = matrix_file(tmp_path, tiny_suite, repo, [t for t, _ in history])
-    runs = tmp_path / "runs"
-    env = {**os.environ, "RAY_ADDRESS": ""}
+    path, runs, env = six_commits(tmp_path, tiny_suite)
     # SIGINT as a shell gives it (a test runner may have it ignored, and children inherit that).
     proc = subprocess.Popen([sys.executable, "-m", "sweeper", "matrix", str(path), "--runs-dir", str(runs), "--run-id",
                              "r", "--gpus", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, env=env,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
     cells_dir = runs / "r" / "cells"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and len(list(cells_dir.glob("*.parquet"))) < 2:
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.2)
+    wait_for_files(cells_dir, 2, proc, 120)
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]

@@ -51,6 +51,8 @@ from sweeper.bisect.segments import ModePosterior, Prior, Rate, Start, posterior
 from sweeper.errors import BisectError
 from sweeper.stats import samples_to_decide
 
+# A learned per-start correlation above this: the mode's rate varies between server starts.
+RHO_VARIES = 0.02
 
 class Direction(StrEnum):
     REGRESSION = "regression"
@@ -174,7 +176,7 @@ class Search:
     """Ask/tell search for every change of every failure mode. See the module docstring."""
 
     def __init__(self, commits: Sequence[str], *, confidence: float = 0.99, max_samples: int | None = None,
-                 max_rounds: int | None = None, max_starts_per_commit: int = 6,
+                 max_rounds: int | None = None, max_starts_per_commit: int = 6, max_starts_varying: int = 12,
                  max_samples_per_commit: int = 4000, first_batch: int = 64, min_batch: int = 16,
                  max_batch: int = 1000, min_rate: float = 0.01, explore: float = 0.05,
                  endpoint_starts: int = 2, prior: Prior | None = None) -> None:
@@ -188,6 +190,7 @@ class Search:
         self.confidence = confidence
         self.max_samples, self.max_rounds = max_samples, max_rounds
         self.max_starts, self.max_commit_samples = max_starts_per_commit, max_samples_per_commit
+        self.max_starts_varying = max(max_starts_per_commit, max_starts_varying)
         self.first_batch, self.min_batch, self.max_batch = first_batch, min_batch, max_batch
         self.min_rate, self.explore, self.endpoint_starts = min_rate, explore, endpoint_starts
         self.prior = prior or Prior.default()
@@ -290,8 +293,16 @@ class Search:
         return ((self.max_rounds is not None and self.rounds >= self.max_rounds)
                 or (self.max_samples is not None and self.total_samples >= self.max_samples))
 
+    def _start_cap(self) -> int:
+        """Server starts one commit may get. When some mode's rate varies between starts, each start
+        is one draw of that rate: only more starts (not more samples per start) narrow it, so such a
+        search may start a commit twice as often."""
+        if any(self.mode_posterior(m).rho > RHO_VARIES for m in self._modes):
+            return self.max_starts_varying
+        return self.max_starts
+
     def _probeable(self, i: int) -> bool:
-        return (i not in self._skipped and self._starts(i) < self.max_starts
+        return (i not in self._skipped and self._starts(i) < self._start_cap()
                 and self._samples_at(i) < self.max_commit_samples)
 
     def bad_endpoint(self) -> BadEndpoint:
@@ -365,7 +376,7 @@ class Search:
     def _two_starts_each(self, lo: int, hi: int, rho: float) -> bool:
         """With per-start variation, one start per side can be one odd start: a located change
         is settled only with two on each side."""
-        return rho <= 0.02 or min(self._starts(lo), self._starts(hi)) >= 2
+        return rho <= RHO_VARIES or min(self._starts(lo), self._starts(hi)) >= 2
 
     def _resample(self, needs: list[_Need], lo: int, hi: int, value: float, n: int, *,
                   by_starts: bool = False) -> None:
