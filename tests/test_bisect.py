@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -268,3 +269,16 @@ def test_no_change_is_said_flatly_only_at_the_target() -> None:
     # A stored report read back with a looser target: the same posterior now reaches it.
     summary["confidence"] = min(mode.no_change, 0.9)
     assert "  no change in the range" in render(summary).splitlines()
+
+
+def test_a_rate_that_varies_between_starts_earns_a_commit_more_starts() -> None:
+    """Each start draws its own rate: only more starts narrow a commit's rate, so such a search may
+    start a commit up to max_starts_varying times; a steady rate keeps max_starts_per_commit."""
+    def starts_per_commit(icc: float) -> int:
+        search = Search(commits(140))
+        history = {"a": 0.093}, {"a": 0.167}
+        drive(search, lambda i: history[i >= 99], k=4, rng=np.random.default_rng(0), icc=icc)
+        return max(Counter(r.index for r in search._probes).values())
+
+    assert 6 < starts_per_commit(0.15) <= 12
+    assert starts_per_commit(0.0) <= 6
