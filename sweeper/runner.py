@@ -156,7 +156,8 @@ def run_group(job: GroupJob, *, fetch: Callable[[Any], bytes] = _as_bytes) -> Gr
     cells = [c for c in job.group.cells if job.cell_ids is None or c.cell_id in job.cell_ids]
     t_start = time.monotonic()
     base = _CellBase(job, cells)
-    workdir = Path(tempfile.mkdtemp(prefix="sweep-group-"))
+    remove_orphan_workdirs()
+    workdir = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-"))
     log_path = workdir / "server.log"
     try:
         try:
@@ -167,6 +168,31 @@ def run_group(job: GroupJob, *, fetch: Callable[[Any], bytes] = _as_bytes) -> Gr
         return result
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+WORKDIR_PREFIX = "sweep-group-"
+
+
+def remove_orphan_workdirs() -> list[Path]:
+    """Remove the group folders of workers that are gone. A worker killed mid-group (a lost node,
+    Ctrl-C, the end of a job) never reaches its own clean-up; its folder names its pid."""
+    removed = []
+    for path in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*-*"):
+        pid = path.name[len(WORKDIR_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def error_result(job: GroupJob, detail: str, trace: str = "") -> GroupResult:

@@ -170,3 +170,21 @@ def _pgid(pid: int) -> int | None:
         return os.getpgid(pid)
     except (ProcessLookupError, psutil.Error):
         return None
+
+
+def test_the_folders_of_groups_whose_worker_died_are_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    from sweeper.runner import remove_orphan_workdirs
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f"sweep-group-{gone.pid}-abc"
+    live = tmp_path / f"sweep-group-{os.getpid()}-def"
+    other = tmp_path / "sweep-group-notapid-x"
+    for folder in (dead, live, other):
+        (folder / "server.log").parent.mkdir()
+        (folder / "server.log").write_text("log")
+    assert remove_orphan_workdirs() == [dead]
+    assert not dead.exists() and live.exists() and other.exists()

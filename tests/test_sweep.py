@@ -180,6 +180,9 @@ def test_ctrl_c_stores_nothing_under_way_and_names_the_resume_command(tmp_path: 
     finishes the run with every row once."""
     path, runs, env = six_commits(tmp_path, tiny_suite)
     # SIGINT as a shell gives it (a test runner may have it ignored, and children inherit that).
+    tmp = tmp_path / "tmp"  # the workers' temp folder (they inherit the driver's environment)
+    tmp.mkdir()
+    env["TMPDIR"] = str(tmp)
     proc = subprocess.Popen([sys.executable, "-m", "sweeper", "matrix", str(path), "--runs-dir", str(runs), "--run-id",
                              "r", "--gpus", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, env=env,
@@ -204,6 +207,8 @@ def test_ctrl_c_stores_nothing_under_way_and_names_the_resume_command(tmp_path: 
     samples = analysis.load_samples(run)
     assert len(samples) == 12 * 2 * 3 and not samples[["cell_id", "case_id", "repeat"]].duplicated().any()
     assert set(analysis.load_cells(run).status) == {"ok"}
+    # The interrupted groups' folders went with their workers' clean-up or the next run's.
+    assert not list(tmp.glob("sweep-group-*"))
 
 
 def test_bad_matrix_is_one_line_and_exit_1(tmp_path: Path, tiny_suite: Path) -> None:
