@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import os
 import re
 import shutil
@@ -29,7 +30,7 @@ from sweeper.errors import ClusterError
 from sweeper.runner import GroupJob, GroupResult, error_result, run_group
 
 # Ray's unix socket paths must stay under 107 bytes: its temp dir has to be short.
-_RAY_TMP_PREFIX = "/tmp/sweep-ray-"
+RAY_TMP_PREFIX = "/tmp/sweep-ray-"
 WAIT_S = 1.0
 # A local start sometimes fails ("Failed to register worker to Raylet", ~1 in 24 on 2 busy cores):
 # a fresh start nearly always works. Bounded, so a machine where Ray cannot start fails clearly.
@@ -107,6 +108,22 @@ def kill_processes_using(path: str) -> list[int]:
     return [p.pid for p in victims]
 
 
+def remove_orphan_clusters() -> list[str]:
+    """Stop and remove the local clusters of drivers that are gone (a driver killed outright never
+    reaches its own clean-up; its Ray temp dir names its pid): their processes are killed by the
+    temp dir they run from, then the dir is removed."""
+    import psutil
+
+    removed = []
+    for path in glob.glob(f"{RAY_TMP_PREFIX}*-*"):
+        pid = path[len(RAY_TMP_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            kill_processes_using(path)
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
 @dataclass(frozen=True)
 class ClusterInfo:
     address: str
@@ -154,6 +171,7 @@ class Cluster:
     def _start_local(self) -> None:
         import ray
 
+        remove_orphan_clusters()
         num_cpus = self.num_cpus or os.cpu_count() or 1
         slots = max(num_cpus, int(self.logical_gpus or 0))
         kwargs: dict[str, Any] = {}
@@ -166,7 +184,7 @@ class Cluster:
         errors: list[str] = []
         for _ in range(self.init_attempts):
             # A fresh config dict each time: ray.init writes this session's spilling folder into it.
-            self._tmp = tempfile.mkdtemp(prefix=_RAY_TMP_PREFIX)
+            self._tmp = tempfile.mkdtemp(prefix=f"{RAY_TMP_PREFIX}{os.getpid()}-")
             try:
                 ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
                          _temp_dir=self._tmp, configure_logging=False, _system_config=dict(config), **kwargs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shlex
@@ -16,7 +17,7 @@ import psutil
 import pytest
 from conftest import make_sim_repo, wait_for_files
 
-from sweeper import analysis
+from sweeper import analysis, cluster
 from sweeper.server import ServerProcess
 from sweeper.store import RunDir
 from sweeper.sweep import run_matrix
@@ -158,6 +159,8 @@ def test_resume_after_a_killed_run_gives_exactly_once_rows(tmp_path: Path, tiny_
     # Kill the whole driver (and its Ray) at once, mid-run, as a lost machine would.
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    killed = proc.pid
+    assert glob.glob(f"{cluster.RAY_TMP_PREFIX}{killed}-*")  # its local Ray's folder, left behind
     done_before = {p.name for p in cells_dir.glob("*.parquet")}
     assert 2 <= len(done_before) < 12
     proc = sweep_cli("matrix", str(path), "--runs-dir", str(runs), "--resume", "r", "--gpus", "2", env=env)
@@ -172,6 +175,8 @@ def test_resume_after_a_killed_run_gives_exactly_once_rows(tmp_path: Path, tiny_
     assert len(list(cells_dir.glob("*.parquet"))) == 12
     assert not list(run.root.rglob("*.tmp"))
     assert server_groups_alive(run) == []
+    # The next local cluster removed the killed driver's.
+    assert not glob.glob(f"{cluster.RAY_TMP_PREFIX}{killed}-*")
 
 
 def test_ctrl_c_stores_nothing_under_way_and_names_the_resume_command(tmp_path: Path, tiny_suite: Path) -> None:
