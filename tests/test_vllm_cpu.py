@@ -46,6 +46,17 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("vllm")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _caches_in_work(work: Path) -> Iterator[None]:
+    """vLLM's and torch's own caches (compiled kernels, inductor) go to this module's temp folder,
+    for every vLLM process the tests start, directly or through `vllm serve --help`."""
+    with pytest.MonkeyPatch.context() as mp:
+        for var, sub in (("VLLM_CACHE_ROOT", "vllm-cache"), ("TORCHINDUCTOR_CACHE_DIR", "inductor-cache")):
+            (work / sub).mkdir(exist_ok=True)
+            mp.setenv(var, str(work / sub))
+        yield
+
+
 @pytest.fixture(scope="module")
 def model(work: Path) -> str:
     return str(build_tiny_model(work / "tiny-qwen3"))
