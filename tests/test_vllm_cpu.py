@@ -252,8 +252,11 @@ def test_real_releases_crash_budget_and_draft_model(model, work, monkeypatch) ->
     groups = {(g.head.commit, g.head.spec_method): g for g in RELEASES.groups()}
     rows = {}
     for key in (("0.30.0", "ngram"), ("0.32.0", "ngram"), ("0.32.0", "none"), ("0.32.0", "draft_model")):
+        # draft_model overshoots the budget in about 2 requests of 3 (by hand: 7, 10, 11 reasoning
+        # tokens for a budget of 8): 9 samples make "none did" a one-in-thousands draw, not a flake.
         job = GroupJob(run_id="t", group=groups[key], spec=spec, suite=suite, sha=key[0],
-                       cache_dir=str(VLLM_CACHE) if VLLM_CACHE else None)
+                       cache_dir=str(VLLM_CACHE) if VLLM_CACHE else None,
+                       repeats_override=3 if key[1] == "draft_model" else None)
         result = run_group(job)
         rows[key] = (result.cells.to_pylist()[0], result.samples.to_pylist())
         assert _engine_processes(str(scratch / "vllm")) == [], key  # every server's process group is gone
@@ -280,6 +283,6 @@ def test_real_releases_crash_budget_and_draft_model(model, work, monkeypatch) ->
     assert draft["status"] == "ok" and draft["effective_spec_method"] == "draft_model"
     assert draft["spec_drafts"] > 0 and draft["spec_draft_tokens"] > 0
     budget = [s for s in samples if s["case_id"] == "budget-json"]
-    assert len(budget) == 3
+    assert len(budget) == 9
     assert any("reasoning_tokens_at_most" in s["failed_checks"] for s in budget), \
         [s["reasoning_tokens"] for s in budget]
