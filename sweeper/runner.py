@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
+import psutil
 import pyarrow as pa
 
 from sweeper import environments, fingerprint, metrics, vllm
@@ -179,20 +180,10 @@ def remove_orphan_workdirs() -> list[Path]:
     removed = []
     for path in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*-*"):
         pid = path.name[len(WORKDIR_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def error_result(job: GroupJob, detail: str, trace: str = "") -> GroupResult:
