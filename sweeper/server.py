@@ -6,8 +6,9 @@ Readiness polls `/health` against a monotonic deadline and fails fast when the p
 Output goes to a log file that checks and the effective-config parser read.
 
 A server never outlives the process that started it (a Ray worker, a test): the session is led by
-a small guard that starts the server as its child, passes its exit status on, and stops the whole
-group (TERM, grace, KILL) as soon as its owner is gone, whatever killed the owner, on any node.
+a small guard that starts the server under a watcher, passes its exit status on, and stops the whole
+group (TERM, grace, KILL) as soon as its owner is gone, whatever killed the owner or the guard, on
+any node, even when the server hangs in its own shutdown.
 """
 
 from __future__ import annotations
@@ -32,52 +33,70 @@ LOG_TAIL_LINES = 40
 GUARD_POLL_S = 0.05
 
 # The guard: leader of the server's session, `python -I -S -c GUARD <owner pid> <grace s> argv...`.
-# os, signal, sys and time only (ctypes in the child): it starts in a fraction of the server's own
-# start. TERM and INT reach the whole group: the guard ignores them and waits for the server, whose
-# exit status (or signal) it repeats as its own. If the guard itself dies, the server gets TERM.
+# os, signal, sys and time only (ctypes in the server's child): it starts in a fraction of the
+# server's own start. Two processes, each watching its parent: the outer one (the owner's direct
+# child, which Ray SIGKILLs when a worker exits) and a watcher under it that nothing outside kills.
+# Whichever sees its parent gone stops the group: TERM, the grace period, then KILL, so a server that
+# hangs in its shutdown goes too. TERM and INT reach the whole group: both ignore them and wait for
+# the server, whose exit status (or signal) they repeat as their own. The server also gets TERM the
+# moment the watcher dies.
 GUARD = """
 import os, signal, sys, time
 owner, grace, argv = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
-guard = os.getpid()
-child = os.fork()
-if child == 0:
-    try:
-        # The guard can be killed outright (Ray SIGKILLs a worker's own children when the worker
-        # exits): the kernel then sends the server TERM at once (Linux; elsewhere the guard alone).
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != guard:  # the guard died before that took effect
-        os._exit(1)
-    try:
-        os.execvp(argv[0], argv)
-    except OSError as exc:
-        os.write(2, f"cannot start {argv[0]}: {exc}\\n".encode())
-        os._exit(127)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 signal.signal(signal.SIGINT, signal.SIG_IGN)
-while True:
-    done, status = os.waitpid(child, os.WNOHANG)
-    if done:
-        break
-    if os.getppid() != owner:
-        os.write(1, f"sweep: the process that started this server ({owner}) is gone: stopping it\\n".encode())
-        os.killpg(0, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while not os.waitpid(child, os.WNOHANG)[0] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        os.killpg(0, signal.SIGKILL)
-    time.sleep(POLL_S)
-code = os.waitstatus_to_exitcode(status)
-if code < 0:
-    try:
-        signal.signal(-code, signal.SIG_DFL)
-    except (OSError, ValueError):
-        pass  # SIGKILL, SIGSTOP: their action is the default one already
-    os.kill(os.getpid(), -code)
-    time.sleep(1)
-sys.exit(code if code >= 0 else 128 - code)
+
+def watch(child, parent, who):
+    while True:
+        done, status = os.waitpid(child, os.WNOHANG)
+        if done:
+            return status
+        if os.getppid() != parent:
+            os.write(1, f"sweep: {who} is gone: stopping this server\\n".encode())
+            os.killpg(0, signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            while not os.waitpid(child, os.WNOHANG)[0] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            os.killpg(0, signal.SIGKILL)
+        time.sleep(POLL_S)
+
+def repeat(status):
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:
+        try:
+            signal.signal(-code, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass  # SIGKILL, SIGSTOP: their action is the default one already
+        os.kill(os.getpid(), -code)
+        time.sleep(1)
+    sys.exit(code if code >= 0 else 128 - code)
+
+outer = os.getpid()
+watcher = os.fork()
+if watcher == 0:
+    me = os.getpid()
+    server = os.fork()
+    if server == 0:
+        try:
+            import ctypes
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG (Linux)
+        except (OSError, AttributeError):
+            pass
+        if os.getppid() != me:  # the watcher died before that took effect
+            os._exit(1)
+        # The server starts as from a shell: the worker's blocked and ignored signals (a Ray worker
+        # blocks SIGINT; Python ignores SIGPIPE; the guard ignores TERM) would otherwise reach it
+        # through exec, and a blocked TERM would make the death signal above wait forever.
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(sig, signal.SIG_DFL)
+        try:
+            os.execvp(argv[0], argv)
+        except OSError as exc:
+            os.write(2, f"cannot start {argv[0]}: {exc}\\n".encode())
+            os._exit(127)
+    repeat(watch(server, outer, f"the guard of this server ({outer})"))
+repeat(watch(watcher, owner, f"the process that started this server ({owner})"))
 """.replace("POLL_S", str(GUARD_POLL_S))
 
 

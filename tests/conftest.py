@@ -78,6 +78,23 @@ def servers_left() -> list[psutil.Process]:
     return out
 
 
+def describe(proc: psutil.Process) -> str:
+    """What a leftover server was doing: enough to find the path that left it (parent, state, age,
+    signal masks, the end of its log, which is its standard output)."""
+    try:
+        head = (f"{proc.pid} ppid={proc.ppid()} {proc.status()} age={time.time() - proc.create_time():.0f}s "
+                f"{' '.join(proc.cmdline())[:160]}")
+    except psutil.Error as exc:
+        return f"{proc.pid} ({exc})"
+    try:
+        masks = [ln for ln in Path(f"/proc/{proc.pid}/status").read_text().splitlines() if ln.startswith("Sig")]
+        log = os.readlink(f"/proc/{proc.pid}/fd/1")
+        lines = Path(log).read_text(errors="replace").splitlines()[-15:] if os.path.isfile(log) else []
+    except OSError as exc:
+        return f"{head}\n  ({exc})"
+    return "\n  ".join([head, " ".join(masks), f"log {log}:", *lines])
+
+
 @pytest.fixture(autouse=True)
 def _no_server_outlives_its_test() -> Iterator[None]:
     """A server left running after its test is that test's failure: orphan servers hold ports,
@@ -87,10 +104,9 @@ def _no_server_outlives_its_test() -> Iterator[None]:
     while (left := servers_left()) and time.monotonic() < deadline:
         time.sleep(0.2)
     if left:
-        shown = []
+        shown = [describe(proc) for proc in left]
         for proc in left:
             try:
-                shown.append(f"{proc.pid} {' '.join(proc.cmdline())[:160]}")
                 proc.kill()
             except psutil.Error:
                 continue

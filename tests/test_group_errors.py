@@ -100,14 +100,14 @@ def test_a_server_does_not_outlive_the_process_that_started_it(tmp_path: Path) -
         assert owner.stdout is not None
         pgid = int(owner.stdout.readline())
         members = [p for p in psutil.process_iter(["pid"]) if _pgid(p.pid) == pgid]
-        assert len(members) == 2  # the guard and the server
+        assert len(members) == 3  # the guard, its watcher and the server
         owner.kill()  # as a Ray worker dies with its node: no chance to stop anything
         owner.wait()
         deadline = time.monotonic() + 15
         while any(_pgid(p.pid) == pgid for p in members) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not [p.pid for p in members if _pgid(p.pid) == pgid]
-        assert "is gone: stopping it" in (tmp_path / "s.log").read_text()
+        assert "is gone: stopping this server" in (tmp_path / "s.log").read_text()
     finally:
         if owner.poll() is None:
             owner.kill()
@@ -137,7 +137,7 @@ def test_a_server_does_not_outlive_a_ray_worker_that_exits(tmp_path: Path) -> No
     owner = Owner.remote()  # type: ignore[attr-defined]
     guard, worker = ray.get(owner.start.remote(str(tmp_path / "s.log")), timeout=120)
     members = [p for p in psutil.process_iter(["pid"]) if _pgid(p.pid) == guard]
-    assert len(members) == 2  # the guard and the server
+    assert len(members) == 3  # the guard, its watcher and the server
     ray.kill(owner)
     deadline = time.monotonic() + 30
     while psutil.pid_exists(worker) and _pgid(worker) is not None and time.monotonic() < deadline:
@@ -159,6 +159,69 @@ def test_the_guard_passes_the_servers_exit_on(tmp_path: Path) -> None:
                             log_path=tmp_path / "x.log", startup_timeout_s=10)
         srv.start()
         assert srv.proc is not None and srv.proc.wait(timeout=30) == code
+        srv.stop()
+
+
+def test_a_server_that_ignores_term_is_killed_when_its_guard_is(tmp_path: Path) -> None:
+    """Ray SIGKILLs the guard (the worker's own child) when the worker exits. A server stuck in its
+    shutdown (it ignores TERM) must still go: the guard's watcher, which nothing outside kills, ends
+    the group after the grace period."""
+    script = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(600)"
+    srv = ServerProcess([sys.executable, "-c", script], dict(os.environ), port=free_port(), log_path=tmp_path / "s.log",
+                        startup_timeout_s=10, grace_s=2)
+    srv.start()
+    assert srv.proc is not None
+    pgid = srv.proc.pid
+    try:
+        deadline = time.monotonic() + 20
+        while "up" not in (tmp_path / "s.log").read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        members = [p for p in psutil.process_iter(["pid"]) if _pgid(p.pid) == pgid]
+        assert len(members) == 3  # the guard, its watcher and the server
+        srv.proc.kill()  # what Ray does to a worker's children
+        srv.proc.wait()
+        deadline = time.monotonic() + 15
+        while any(_pgid(p.pid) == pgid for p in members) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p.pid for p in members if _pgid(p.pid) == pgid]
+        assert f"the guard of this server ({pgid}) is gone: stopping this server" in (tmp_path / "s.log").read_text()
+    finally:
+        with contextlib.suppress(OSError):
+            os.killpg(pgid, signal.SIGKILL)  # what a failing check would leave behind
+
+
+def test_a_server_starts_with_the_signals_a_shell_gives_it(tmp_path: Path) -> None:
+    """A Ray worker runs its task with SIGINT blocked, and Python ignores SIGPIPE: through fork and
+    exec a server would inherit both. A server with TERM blocked would not even hear the signal its
+    guard's death sends; one started from a shell has nothing blocked and nothing ignored."""
+    blocked = {signal.SIGINT, signal.SIGTERM}
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    old_term = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        srv = ServerProcess(["sleep", "60"], dict(os.environ), port=free_port(), log_path=tmp_path / "s.log",
+                            startup_timeout_s=10)
+        srv.start()
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+    try:
+        assert srv.proc is not None
+        deadline = time.monotonic() + 20
+        status: dict[str, str] = {}
+        while time.monotonic() < deadline:  # until the server's process has exec'd sleep
+            for child in psutil.Process(srv.proc.pid).children(recursive=True):
+                with contextlib.suppress(OSError):
+                    status = dict(line.split(":\t", 1) for line in
+                                  Path(f"/proc/{child.pid}/status").read_text().splitlines() if ":\t" in line)
+                if status.get("Name") == "sleep":
+                    break
+            if status.get("Name") == "sleep":
+                break
+            time.sleep(0.05)
+        assert status.get("Name") == "sleep"
+        assert int(status["SigBlk"], 16) == 0
+        assert int(status["SigIgn"], 16) == 0, status["SigIgn"]
+    finally:
         srv.stop()
 
 

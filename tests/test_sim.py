@@ -259,6 +259,39 @@ def test_term_stops_the_server_gracefully(tmp_path: Path) -> None:
         assert "INFO:     Application shutdown complete." in sim.log()
 
 
+# A stop signal at the worst moment: the main thread has just taken the stop event's lock (a timed
+# wait returning). A handler that sets the event itself would wait for that lock forever, and every
+# later TERM would queue behind it: a server no guard could stop.
+TERM_HOLDING_THE_LOCK = """
+import os, signal, sys, threading, time
+from sweeper.sim.cli import serve_main
+wait, fired = threading.Event.wait, []
+def wait_holding_the_lock(self, timeout=None):
+    if timeout is not None and sys._getframe(1).f_code.co_name == "run" and not fired:
+        fired.append(1)
+        with self._cond:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.3)  # the handler runs here, in this thread, with the lock held
+    return wait(self, timeout)
+threading.Event.wait = wait_holding_the_lock
+sys.exit(serve_main(sys.argv[1:]))
+"""
+
+
+def test_term_while_the_main_thread_holds_the_stop_lock_still_stops_the_server(tmp_path: Path) -> None:
+    env = {**os.environ, **write_tree(tmp_path / "tree", {**FAST, "startup_s": 30.0})}
+    log_path = tmp_path / "sim.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen([sys.executable, "-c", TERM_HOLDING_THE_LOCK, "Qwen/Qwen3-8B", "--host", "127.0.0.1",
+                                 "--port", str(free_port())], stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    try:
+        assert proc.wait(timeout=20) == 0, log_path.read_text()[-2000:]
+    finally:
+        kill_group(proc)
+    assert "Shutting down before start-up completed." in log_path.read_text()
+
+
 # --- chat: text, JSON, tools, reasoning, streaming, metrics -------------------------------------
 
 

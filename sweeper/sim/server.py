@@ -354,9 +354,19 @@ def run(startup: Startup, tree: Tree, log: Logger) -> int:
     for line in engine.behaviour.start_lines():
         log.emit(line)
 
+    # The handler takes no lock: it runs in the main thread, which may hold the very lock that
+    # Event.set() needs (inside Event.wait), and would then wait on itself forever. A pipe carries the
+    # stop to a thread that sets the event.
+    stop_r, stop_w = os.pipe()
+
     def stop(signum: int, frame: Any) -> None:
+        os.write(stop_w, b"\0")
+
+    def relay_stop() -> None:
+        os.read(stop_r, 1)
         engine.stopping.set()
 
+    threading.Thread(target=relay_stop, daemon=True).start()
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     # Like vLLM, nothing listens until the engine is ready: /health is refused during start-up.
