@@ -179,7 +179,7 @@ class Search:
                  max_rounds: int | None = None, max_starts_per_commit: int = 6, max_starts_varying: int = 12,
                  max_samples_per_commit: int = 4000, first_batch: int = 64, min_batch: int = 16,
                  max_batch: int = 1000, min_rate: float = 0.01, explore: float = 0.05,
-                 endpoint_starts: int = 2, prior: Prior | None = None) -> None:
+                 endpoint_starts: int = 2, prior: Prior | None = None, robust_dispersion: bool = True) -> None:
         if len(commits) < 2:
             raise BisectError(f"need a good and a bad commit, got {len(commits)} commit(s)")
         if len(set(commits)) != len(commits):
@@ -194,6 +194,7 @@ class Search:
         self.first_batch, self.min_batch, self.max_batch = first_batch, min_batch, max_batch
         self.min_rate, self.explore, self.endpoint_starts = min_rate, explore, endpoint_starts
         self.prior = prior or Prior.default()
+        self.robust_dispersion = robust_dispersion
         self._index = {c: i for i, c in enumerate(self.commits)}
         self._probes: list[_Probe] = []
         # Per commit index: server starts and samples so far (asked for in every planning loop).
@@ -366,12 +367,19 @@ class Search:
                     self._resample(needs, lo, hi, 2 * min(float(p), 1 - float(p)), n)
                 elif p >= self.confidence and not self._two_starts_each(lo, hi, post.rho):
                     self._resample(needs, lo, hi, 0.5, n, by_starts=True)
+                elif p >= self.confidence and not self._sure_at_any_dispersion(post, a):
+                    # Sure only if starts vary little: more starts on each side tell a change
+                    # from a few odd starts.
+                    self._resample(needs, lo, hi, 2 * (1 - float(post.gap_change_low[a])), n, by_starts=True)
             asked = len(needs) > before or any(p > 0.5 for p in post.gap_change)
             if not asked and 1 - post.no_change >= self.explore:
                 # Some change is likely but spread over every gap: only more samples at the ends
                 # can tell a small change from none (a small effect just needs more samples).
                 self._resample(needs, 0, last, 1 - post.no_change, self._batch(*contrast, post.rho))
         return needs
+
+    def _sure_at_any_dispersion(self, post: ModePosterior, gap: int) -> bool:
+        return not self.robust_dispersion or float(post.gap_change_low[gap]) >= self.confidence
 
     def _two_starts_each(self, lo: int, hi: int, rho: float) -> bool:
         """With per-start variation, one start per side can be one odd start: a located change
@@ -486,9 +494,11 @@ class Search:
             before, after = post.segment_at(lo), post.segment_at(hi)
             inside = [j for j in range(lo + 1, hi) if j not in self._skipped]
             direction = Direction.REGRESSION if after.rate > before.rate else Direction.FIX
-            changes.append(Change(mode, direction, self.commits[hi], self.commits[lo + 1: hi + 1], float(p),
+            # The confidence claimed holds at every dispersion the data leave credible.
+            sure = min(float(p), float(post.gap_change_low[a])) if self.robust_dispersion else float(p)
+            changes.append(Change(mode, direction, self.commits[hi], self.commits[lo + 1: hi + 1], sure,
                                   not inside, before, after, self.commits[lo],
-                                  not inside and p >= self.confidence
+                                  not inside and sure >= self.confidence
                                   and self._two_starts_each(lo, hi, post.rho)))
         good, bad = post.segments[0], post.segments[-1]
         fails_good = pts[0] == 0 and good.failures > 0 and good.low > 0

@@ -15,7 +15,9 @@ Model, for the commits c_0 .. c_N of a first-parent range:
   law of mean r and intra-class correlation rho: a start draws its own rate around r. rho is
   unknown, with a discrete prior that puts 40 % on 0, and is learned from the data of the mode
   (repeated starts of a commit, and commits of one segment, disagree more than binomially when
-  rho > 0). The posterior mixes over rho.
+  rho > 0). The posterior mixes over rho; a gap's change is also given at each rho the data leave
+  credible, and the search claims the lowest of those (a few odd starts under a high rho look like
+  a change under a low one).
 
 Only commits with samples ("points") enter the likelihood; a change between two neighbouring
 points can lie anywhere in the gap between them. The exact posterior over all segmentations of
@@ -38,6 +40,7 @@ from sweeper.stats import wilson
 
 FloatArray = npt.NDArray[np.float64]
 
+RHO_CREDIBLE = 0.05  # a dispersion with this much posterior mass is one the data have not ruled out
 _LOG_ZERO = -1.0e6  # log(0) that keeps 0 * log(0) finite in vectorised sums
 _EPS = 1e-4
 
@@ -63,7 +66,7 @@ class Prior:
 
     @classmethod
     def default(cls, *, points: int = 64, zero_mass: float = 0.5, expected_changes: float = 1.0,
-                rhos: Sequence[float] = (0.0, 0.01, 0.03, 0.1, 0.2, 0.35),
+                rhos: Sequence[float] = (0.0, 0.01, 0.03, 0.06, 0.1, 0.15, 0.2, 0.35),
                 rho_zero_mass: float = 0.4) -> Prior:
         lo, hi = math.log(_EPS / (1 - _EPS)), math.log((1 - _EPS) / _EPS)
         grid = 1.0 / (1.0 + np.exp(-np.linspace(lo, hi, points)))
@@ -118,6 +121,10 @@ class ModePosterior:
     rho_post: FloatArray
     rho: float  # posterior mean intra-class correlation
     segments: tuple[Segment, ...]
+    # Per gap, the lowest P(change inside it) given any dispersion the data leave credible
+    # (posterior >= RHO_CREDIBLE): the mixture can be sure of a location only a low dispersion
+    # supports, where a few odd starts under a higher one would explain the same counts.
+    gap_change_low: FloatArray
 
     def segment_at(self, index: int) -> Segment:
         for seg in self.segments:
@@ -204,12 +211,14 @@ def posterior(starts: Sequence[Start], n_positions: int, prior: Prior) -> ModePo
         pairs = np.stack([left[:, 0] + right[:, 1], left[:, 1] + right[:, 0], left[:, 1] + right[:, 1]], axis=1)
         per_gap = logsumexp(pairs, axis=1) + prior.log_w_rho[None, :]
         gap_change = np.exp(logsumexp(per_gap, axis=1) - log_z)
+        given_rho = np.exp(per_gap - log_joint_rho[None, :])  # (gaps, rhos): P(change in gap | rho)
+        gap_change_low = np.min(given_rho[:, rho_post >= RHO_CREDIBLE], axis=1)
     else:
-        gap_change = np.zeros(0)
+        gap_change = gap_change_low = np.zeros(0)
     no_change = float(np.exp(logsumexp(logsumexp(block[0, -1], axis=0) + prior.log_w_rho) - log_z))
     segments = _segments(points, np.clip(gap_change, 0, 1), starts, rho_post, prior)
     return ModePosterior(tuple(points), np.clip(gap_change, 0.0, 1.0), min(1.0, no_change), rho_post,
-                         float(np.dot(rho_post, prior.rhos)), segments)
+                         float(np.dot(rho_post, prior.rhos)), segments, np.clip(gap_change_low, 0.0, 1.0))
 
 
 def _segments(points: list[int], gap_change: FloatArray, starts: Sequence[Start],
