@@ -28,7 +28,9 @@ How a round is chosen. Every mode names the commits it wants, each with a value:
   spaced commits, the first worth the gap's probability, the t-th worth 1/t of it (splitting a
   gap in t+1 parts shrinks it by less each time);
 * for a gap already down to one testable commit whose change is still unsure: one more start on
-  the side with fewer samples, worth min(P, 1 - P).
+  the side with fewer samples, worth min(P, 1 - P);
+* for a located change that the mixture over dispersions is sure of but some credible dispersion
+  is not (`robust_dispersion`): one more start on the side with fewer starts.
 A commit's value is the sum over modes, so a commit that serves several searches wins; the round
 takes the K most valuable distinct commits. Each probe asks for the Wald sample count that tells
 the rates on either side of its gap apart at `confidence`, inflated for the learned per-start
@@ -36,7 +38,8 @@ variation (a start of n samples is worth n / (1 + (n - 1) rho) independent ones)
 
 The search is done when no mode wants anything, or the limits are reached (then the report is
 honest about what is undecided). The report lists every change (a gap more likely changed than
-not): its mode, direction, candidates, rates before and after, and its own confidence.
+not): its mode, direction, candidates, rates before and after, and its own confidence (the
+lowest the posterior gives it at any credible dispersion).
 """
 
 from __future__ import annotations
