@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import glob
 import os
 import re
 import shutil
@@ -26,6 +25,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from sweeper import files
 from sweeper.errors import ClusterError
 from sweeper.runner import GroupJob, GroupResult, error_result, run_group
 
@@ -112,15 +112,10 @@ def remove_orphan_clusters() -> list[str]:
     """Stop and remove the local clusters of drivers that are gone (a driver killed outright never
     reaches its own clean-up; its Ray temp dir names its pid): their processes are killed by the
     temp dir they run from, then the dir is removed."""
-    import psutil
-
-    removed = []
-    for path in glob.glob(f"{RAY_TMP_PREFIX}*-*"):
-        pid = path[len(RAY_TMP_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and not psutil.pid_exists(int(pid)):
-            kill_processes_using(path)
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
+    removed = [str(path) for path in files.orphan_dirs(RAY_TMP_PREFIX)]
+    for path in removed:
+        kill_processes_using(path)
+        shutil.rmtree(path, ignore_errors=True)
     return removed
 
 

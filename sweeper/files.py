@@ -5,7 +5,8 @@ temporary file in the same folder, which is flushed to disk and renamed over `pa
 a folder is atomic), so a crash or a concurrent reader sees the old file or the new one, never a
 part. `write_text`/`write_json` are the common cases. `cached_json` is a per-environment cache
 file (vLLM's flags, the environment fingerprint) filled by the first of several concurrent callers
-under a lock; a computation that fails is never cached.
+under a lock; a computation that fails is never cached. `orphan_dirs` finds the scratch folders of
+processes that died before their own clean-up.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import filelock
+import psutil
 
 T = TypeVar("T")
 
@@ -101,3 +103,16 @@ def _read(path: Path, decode: Callable[[Any], T]) -> T | None:
         return decode(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def orphan_dirs(prefix: str | Path) -> list[Path]:
+    """Folders named `<prefix><pid>-...` whose process `pid` is gone: a process killed outright
+    never reaches its own clean-up, so whoever starts the next one removes what it left."""
+    prefix = str(prefix)
+    parent, stem = os.path.split(prefix)
+    out = []
+    for path in Path(parent).glob(f"{stem}*-*"):
+        pid = path.name[len(stem):].split("-", 1)[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            out.append(path)
+    return out

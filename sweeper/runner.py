@@ -24,10 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
-import psutil
 import pyarrow as pa
 
-from sweeper import environments, fingerprint, metrics, vllm
+from sweeper import environments, files, fingerprint, metrics, vllm
 from sweeper.checks import Exchange, run_checks
 from sweeper.errors import InstallError, ServerError, SweepError
 from sweeper.matrix import Cell, MatrixFile, ServerGroup, canonical
@@ -175,14 +174,10 @@ WORKDIR_PREFIX = "sweep-group-"
 
 
 def remove_orphan_workdirs() -> list[Path]:
-    """Remove the group folders of workers that are gone. A worker killed mid-group (a lost node,
-    Ctrl-C, the end of a job) never reaches its own clean-up; its folder names its pid."""
-    removed = []
-    for path in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*-*"):
-        pid = path.name[len(WORKDIR_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and not psutil.pid_exists(int(pid)):
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
+    """Remove the group folders of workers that are gone (a lost node, Ctrl-C, the end of a job)."""
+    removed = files.orphan_dirs(Path(tempfile.gettempdir()) / WORKDIR_PREFIX)
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
     return removed
 
 

@@ -103,10 +103,7 @@ def test_a_server_does_not_outlive_the_process_that_started_it(tmp_path: Path) -
         assert len(members) == 3  # the guard, its watcher and the server
         owner.kill()  # as a Ray worker dies with its node: no chance to stop anything
         owner.wait()
-        deadline = time.monotonic() + 15
-        while any(_pgid(p.pid) == pgid for p in members) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not [p.pid for p in members if _pgid(p.pid) == pgid]
+        assert not _left_in_group(members, pgid, 15)
         assert "is gone: stopping this server" in (tmp_path / "s.log").read_text()
     finally:
         if owner.poll() is None:
@@ -142,10 +139,7 @@ def test_a_server_does_not_outlive_a_ray_worker_that_exits(tmp_path: Path) -> No
     deadline = time.monotonic() + 30
     while psutil.pid_exists(worker) and _pgid(worker) is not None and time.monotonic() < deadline:
         time.sleep(0.1)
-    deadline = time.monotonic() + 15
-    while any(_pgid(p.pid) == guard for p in members) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    left = [p.pid for p in members if _pgid(p.pid) == guard]
+    left = _left_in_group(members, guard, 15)
     with contextlib.suppress(OSError):
         os.killpg(guard, signal.SIGKILL)  # what a failing check would leave behind
     assert not left
@@ -180,10 +174,7 @@ def test_a_server_that_ignores_term_is_killed_when_its_guard_is(tmp_path: Path) 
         assert len(members) == 3  # the guard, its watcher and the server
         srv.proc.kill()  # what Ray does to a worker's children
         srv.proc.wait()
-        deadline = time.monotonic() + 15
-        while any(_pgid(p.pid) == pgid for p in members) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not [p.pid for p in members if _pgid(p.pid) == pgid]
+        assert not _left_in_group(members, pgid, 15)
         assert f"the guard of this server ({pgid}) is gone: stopping this server" in (tmp_path / "s.log").read_text()
     finally:
         with contextlib.suppress(OSError):
@@ -206,23 +197,33 @@ def test_a_server_starts_with_the_signals_a_shell_gives_it(tmp_path: Path) -> No
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
     try:
         assert srv.proc is not None
-        deadline = time.monotonic() + 20
-        status: dict[str, str] = {}
-        while time.monotonic() < deadline:  # until the server's process has exec'd sleep
-            for child in psutil.Process(srv.proc.pid).children(recursive=True):
-                with contextlib.suppress(OSError):
-                    status = dict(line.split(":\t", 1) for line in
-                                  Path(f"/proc/{child.pid}/status").read_text().splitlines() if ":\t" in line)
-                if status.get("Name") == "sleep":
-                    break
-            if status.get("Name") == "sleep":
-                break
-            time.sleep(0.05)
-        assert status.get("Name") == "sleep"
+        status = _status_once_exec(srv.proc.pid, "sleep", 20)
         assert int(status["SigBlk"], 16) == 0
         assert int(status["SigIgn"], 16) == 0, status["SigIgn"]
     finally:
         srv.stop()
+
+
+def _left_in_group(members: list[psutil.Process], pgid: int, timeout_s: float) -> list[int]:
+    """The members still in process group `pgid` once it empties or `timeout_s` has passed."""
+    deadline = time.monotonic() + timeout_s
+    while (left := [p.pid for p in members if _pgid(p.pid) == pgid]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def _status_once_exec(root: int, name: str, timeout_s: float) -> dict[str, str]:
+    """/proc/PID/status of the descendant of `root` that has exec'd `name` (waits for it)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for child in psutil.Process(root).children(recursive=True):
+            with contextlib.suppress(OSError):
+                lines = Path(f"/proc/{child.pid}/status").read_text().splitlines()
+                status = dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+                if status.get("Name") == name:
+                    return status
+        time.sleep(0.05)
+    raise AssertionError(f"no process under {root} ran {name} within {timeout_s:.0f}s")
 
 
 def _pgid(pid: int) -> int | None:
