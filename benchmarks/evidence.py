@@ -77,7 +77,7 @@ def read(runs: Path, how: str, targets: list[Any], suite: Any, shas: list[str]) 
 def main() -> None:
     from sweeper.bisect import driver
     from sweeper.matrix import load_matrix
-    from sweeper.sweep import load_suites
+    from sweeper.suite import load_suites
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--unrelated", default="0,50,200")

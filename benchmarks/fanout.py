@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from sweeper import analysis, cluster, sweep
+from sweeper.executor import choose
 
 ROOT = Path(__file__).parent.parent
 REAL_WARM = cluster.Cluster.warm
@@ -89,7 +90,7 @@ def one(path: Path, runs: Path, cache: Path, slots: int, run_id: str, warm: bool
     cluster.Cluster.warm = REAL_WARM if warm else (lambda self, gpus_per_cell: None)  # type: ignore[method-assign]
     work: list[float] = []
     t0 = time.monotonic()
-    outcome = sweep.run_matrix(path, runs_dir=runs, run_id=run_id, gpus=slots, cache_dir=cache,
+    outcome = sweep.run_matrix(path, runs_dir=runs, run_id=run_id, executor=choose(gpus=slots), cache_dir=cache,
                                on_group=lambda job, result: work.append(result.timings.get("total", 0.0)))
     total = time.monotonic() - t0
     m = clock.marks

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from sweeper import analysis
+from sweeper.executor import choose
 from sweeper.matrix import load_matrix
 from sweeper.sweep import run_matrix
 
@@ -23,7 +24,7 @@ ROOT = Path(__file__).parent.parent
 
 def timed(matrix: Path, slots: int, runs: Path) -> float:
     t0 = time.monotonic()
-    run_matrix(matrix, runs_dir=runs, run_id=f"slots{slots}", gpus=slots)
+    run_matrix(matrix, runs_dir=runs, run_id=f"slots{slots}", executor=choose(gpus=slots))
     return time.monotonic() - t0
 
 
@@ -35,7 +36,7 @@ def main() -> None:
         if starts_only:
             timed(matrix, 4, runs)
         else:
-            run_matrix(matrix, runs_dir=runs, run_id="warm", gpus=4)  # makes the simulated history once
+            run_matrix(matrix, runs_dir=runs, run_id="warm", executor=choose(gpus=4))  # makes the simulated history once
             t1, t4 = timed(matrix, 1, runs), timed(matrix, 4, runs)
         cells = analysis.load_cells(analysis.RunDir(runs / "slots4"))
     print("| measure | value |\n| --- | --- |")

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -40,6 +41,16 @@ RunsDir = Annotated[str, typer.Option("--runs-dir", help="Folder holding the run
                                                           "(s3://bucket/prefix, gs://…, file://…).")]
 
 
+ExecutorOpt = Annotated[str, typer.Option("--executor", help="Where servers run: ray (a cluster, or a local one) "
+                                                              "or local (threads of this process, no Ray).")]
+
+
+def resume_command(command: str, *args: str, runs_dir: str | Path, run_id: str) -> str:
+    """The command line that continues an interrupted run."""
+    where = [] if str(runs_dir) == "runs" else ["--runs-dir", str(runs_dir)]
+    return shlex.join(["sweep", command, *args, *where, "--resume", run_id])
+
+
 def warn(message: str) -> None:
     """A warning: one plain line on stderr."""
     sys.stderr.write(f"warning: {one_line(message)}\n")
@@ -67,20 +78,22 @@ def matrix_cmd(
     resume: Annotated[str | None, typer.Option(help="Continue this run: only groups without results run.")] = None,
     address: Annotated[str | None, typer.Option(help="Ray cluster address (default: RAY_ADDRESS, else a local cluster).")] = None,
     gpus: Annotated[float | None, typer.Option(help="Logical GPU slots of the local cluster for simulator runs (default 4).")] = None,
+    executor: ExecutorOpt = "ray",
     cache_dir: Annotated[Path | None, typer.Option(help="Per-commit environment cache (default: $SWEEP_CACHE or ~/.cache/sweep/envs).")] = None,
 ) -> None:
     """Expand a matrix, run every cell against a real server, store one Parquet row per request.
 
     Example: sweep matrix matrices/demo.yaml --dry-run
     """
-    from sweeper import report, sweep
+    from sweeper import preview, report, sweep
     from sweeper.analysis import load_cells
+    from sweeper.executor import choose
 
     if dry_run:
         plan = sweep.make_plan(file, runs_dir, resolve=False)
         out.print(f"[bold]{plan.matrix.name}[/bold]: {plan.n_cells} cells on {len(plan.groups)} servers, "
                   f"{plan.requests_per_cell()} requests per cell (suite {plan.suite.name})")
-        for i, (server, cells) in enumerate(sweep.plan_text(plan), 1):
+        for i, (server, cells) in enumerate(preview.plan_text(plan), 1):
             out.print(f"server {i}: {server}", markup=False, highlight=False)
             for cell in cells:
                 out.print(f"    {cell}", markup=False, highlight=False)
@@ -97,8 +110,11 @@ def matrix_cmd(
         progress.advance(task)
 
     try:
-        outcome = sweep.run_matrix(file, runs_dir=runs_dir, run_id=run_id, resume=resume, address=address,
-                                   gpus=gpus, cache_dir=cache_dir, on_group=on_group, on_plan=on_plan)
+        outcome = sweep.run_matrix(file, runs_dir=runs_dir, run_id=run_id, resume=resume,
+                                   executor=choose(executor, address=address, gpus=gpus), cache_dir=cache_dir,
+                                   on_group=on_group, on_plan=on_plan)
+    except Interrupted as exc:
+        raise exc.with_resume(resume_command("matrix", str(file), runs_dir=runs_dir, run_id=exc.run_id)) from None
     finally:
         if progress.live.is_started:  # stopping a bar never started prints a blank line
             progress.stop()
@@ -306,6 +322,7 @@ def bisect_cmd(
     resume: Annotated[str | None, typer.Option(help="Continue this bisect run.")] = None,
     address: Annotated[str | None, typer.Option(help="Ray cluster address (default: a local cluster).")] = None,
     gpus: Annotated[float | None, typer.Option(help="Logical GPU slots of the local cluster for simulator runs.")] = None,
+    executor: ExecutorOpt = "ray",
     cache_dir: Annotated[Path | None, typer.Option(help="Per-commit environment cache.")] = None,
 ) -> None:
     """Find every change in the range: each failure mode's regressions and fixes, even when only some requests fail.
@@ -316,12 +333,17 @@ def bisect_cmd(
     Example: sweep bisect --good v0.27 --bad main --matrix matrices/demo.yaml --where spec_method=mtp --where env.VLLM_USE_V2_MODEL_RUNNER=1
     """
     from sweeper.bisect import driver, report
+    from sweeper.executor import choose
 
-    outcome = driver.run_bisect(matrix_path=matrix, from_run=run, good=good, bad=bad, where=where or [], repo=repo,
-                                    parallel=parallel, confidence=confidence, max_samples=max_samples,
-                                    runs_dir=runs_dir, run_id=run_id, resume=resume, address=address, gpus=gpus,
-                                    cache_dir=cache_dir, widen=widen,
-                                    on_event=lambda line: err.print(line, markup=False, highlight=False))
+    try:
+        outcome = driver.run_bisect(matrix_path=matrix, from_run=run, good=good, bad=bad, where=where or [],
+                                    repo=repo, parallel=parallel, confidence=confidence, max_samples=max_samples,
+                                    runs_dir=runs_dir, run_id=run_id, resume=resume,
+                                    executor=choose(executor, address=address, gpus=gpus), cache_dir=cache_dir,
+                                    widen=widen, on_event=lambda line: err.print(line, markup=False, highlight=False))
+    except Interrupted as exc:
+        raise exc.with_resume(resume_command("bisect", "--good", good, "--bad", bad, runs_dir=runs_dir,
+                                             run_id=exc.run_id)) from None
     out.print(report.render(outcome.summary), markup=False, highlight=False)
     out.print(f"results: {outcome.run.uri}")
 

@@ -1,4 +1,4 @@
-"""Ray fan-out: one task per server group, GPUs per cell as a Ray resource.
+"""The Ray executor: one task per server group, GPUs per cell as a Ray resource.
 
 Connects to an existing cluster (`--address` / `RAY_ADDRESS`, as inside `ray job submit`) or starts
 a local one, the embedded default. A local cluster on a machine without GPUs declares logical GPU
@@ -220,7 +220,7 @@ class Cluster:
             return
         self._warm = True
         t0 = time.monotonic()
-        slots = self.free_gpu_slots(gpus_per_cell)
+        slots = self.free_slots(gpus_per_cell)
         barrier = tempfile.mkdtemp(prefix="warm-", dir=self._tmp)
         opts = _task_options(gpus_per_cell)
         refs = [_warm_task().options(**opts).remote(barrier, slots) for _ in range(slots)]
@@ -236,7 +236,7 @@ class Cluster:
         return ClusterInfo(address=self.address or "local", gpus=sum(per_node),
                            max_gpus_per_node=max(per_node, default=0.0), local=not self.address)
 
-    def free_gpu_slots(self, gpus_per_cell: float) -> int:
+    def free_slots(self, gpus_per_cell: float) -> int:
         import ray
 
         if gpus_per_cell <= 0:

@@ -92,10 +92,16 @@ class ClusterError(SweepError):
 
 class Interrupted(SweepError):
     """The user stopped a run (Ctrl-C). Every finished group or probe is stored whole; the ones under
-    way are not stored at all (their servers are stopped with their workers). `resume` is the
-    command that goes on from there."""
+    way are not stored at all (their servers are stopped with their workers). The CLI names the
+    command that goes on from there (`resume`), since only it knows how the run was started."""
 
-    def __init__(self, run_uri: str, resume: str) -> None:
-        self.run_uri, self.resume = run_uri, resume
-        super().__init__(f"interrupted: {run_uri} keeps what finished, nothing that was under way; "
-                         f"continue with `{resume}`")
+    def __init__(self, run_uri: str, run_id: str, resume: str = "") -> None:
+        self.run_uri, self.run_id, self.resume = run_uri, run_id, resume
+        super().__init__(self._text())
+
+    def _text(self) -> str:
+        then = f"continue with `{self.resume}`" if self.resume else f"continue it with --resume {self.run_id}"
+        return f"interrupted: {self.run_uri} keeps what finished, nothing that was under way; {then}"
+
+    def with_resume(self, command: str) -> Interrupted:
+        return Interrupted(self.run_uri, self.run_id, command)

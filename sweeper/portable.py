@@ -25,6 +25,7 @@ import filelock
 
 from sweeper import gitrepo
 from sweeper.errors import InstallError
+from sweeper.matrix import Install, Matrix, MatrixFile, resolve_path, with_model_paths
 
 SHIPPED = "shipped.git"
 LOCK_TIMEOUT_S = 3600.0
@@ -122,3 +123,27 @@ def _git(repo: Path, *args: str) -> str:
     if proc.returncode != 0:
         raise InstallError(f"git {' '.join(args[:2])} on this node failed: {proc.stderr.strip()[-500:]}")
     return proc.stdout.strip()
+
+
+def portable_spec(matrix: Matrix) -> MatrixFile:
+    """The settings workers get. Paths that name a place on every node (model paths, install.cache_dir,
+    install.python) become absolute, as the matrix meant them; nothing else names the driver's disk.
+    `install.repo` stays as written: a worker reads the repository only from its `RepoSource`."""
+    spec = with_model_paths(matrix.spec, matrix.path)
+    install = spec.install
+    update = {k: str(resolve_path(matrix.path, v)) for k, v in (("cache_dir", install.cache_dir),
+                                                                  ("python", install.python)) if v}
+    if not update:
+        return spec
+    return spec.model_copy(update={"install": install.model_copy(update=update)})
+
+
+def repo_source(install: Install, repo: Path | None) -> RepoSource | None:
+    """How workers get the repository: a URL is cloned on each node; a local repository or a `sim:`
+    history travels as a git bundle (made once per state of the repository). Only
+    the kinds that build from the repository on the node (sim, source) need one."""
+    if repo is None or install.kind not in ("sim", "source") or not install.repo:
+        return None
+    if gitrepo.is_url(install.repo):
+        return RepoSource.of_url(install.repo)
+    return RepoSource.bundle_of(Path(repo))

@@ -282,7 +282,7 @@ def _label(value: Any) -> str:
 def run_suite(run: RunDir) -> Suite | None:
     """The run's suite rebuilt from its manifest; None when the files are gone or changed since (the
     digest differs), so failure modes then tell checks apart by name only."""
-    from sweeper.sweep import load_suites
+    from sweeper.suite import load_suites
 
     manifest = run.manifest_or_empty()
     paths = manifest.get("suite_path")

@@ -68,6 +68,9 @@ class GroupJob:
     # Only these cells' requests are sent (bisect probes one cell of a group); None = all.
     cell_ids: tuple[str, ...] | None = None
     repeats_override: int | None = None
+    # CUDA_VISIBLE_DEVICES for the server, when the executor deals GPUs itself (in-process); under
+    # Ray the worker's own environment carries the devices Ray chose.
+    devices: str | None = None
 
 
 @dataclass
@@ -218,7 +221,8 @@ def _run_group(job: GroupJob, base: _CellBase, cells: Sequence[Cell], log_path: 
             return base.failed(Status.TIMEOUT, f"timeouts.group_s ({group_s:g}s) ran out before the server "
                                                "started", "", time.monotonic() - t_start)
         startup_s = min(startup_s, deadline - time.monotonic())
-    server = ServerProcess(launch.argv, server_env(launch.env), port=port, log_path=log_path,
+    env = {**launch.env, **({"CUDA_VISIBLE_DEVICES": job.devices} if job.devices is not None else {})}
+    server = ServerProcess(launch.argv, server_env(env), port=port, log_path=log_path,
                            startup_timeout_s=startup_s)
     base.server = server
     requests = build_requests(job, cells)

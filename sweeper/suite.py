@@ -41,6 +41,7 @@ tool_calls_valid without tools) is an error at load time.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import math
@@ -332,3 +333,14 @@ class _Loader:
         if not out:
             raise self.pos.error((*key, "file"), f"{file} holds no request bodies")
         return out
+
+
+def load_suites(paths: tuple[Path, ...]) -> Suite:
+    """One suite, or several combined: case ids become `<suite>/<case>`."""
+    suites = [load_suite(p) for p in paths]
+    if len(suites) == 1:
+        return suites[0]
+    cases = tuple(dataclasses.replace(c, case_id=f"{s.name}/{c.case_id}") for s in suites for c in s.cases)
+    digest = hashlib.sha256("".join(s.digest for s in suites).encode()).hexdigest()
+    return Suite(name="+".join(s.name for s in suites), path=",".join(s.path for s in suites), cases=cases,
+                 digest=digest)

@@ -1,21 +1,14 @@
 """`sweep matrix`: a matrix file in, a run folder of Parquet results out.
 
 Loads and checks everything that can be checked before any server starts (matrix, suite, commits,
-GPU fit), writes the manifest, fans the unfinished server groups over Ray, writes each group's
-results as it finishes, and summarises. `--resume` runs only the groups without stored results.
+GPU fit), writes the manifest, hands the unfinished server groups to an executor (Ray by default),
+writes each group's results as it finishes, and summarises. `--resume` runs only the groups
+without stored results.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import hashlib
-import shlex
-import shutil
-import subprocess
-import sys
-import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,26 +16,15 @@ from typing import Any
 import pyarrow.dataset as ds
 
 from sweeper import __version__, gitrepo, history
-from sweeper.cluster import Cluster
 from sweeper.errors import ConfigError, GitError, Interrupted, StoreError, clip
-from sweeper.matrix import (
-    Install,
-    Matrix,
-    MatrixFile,
-    ServerGroup,
-    canonical,
-    load_matrix,
-    resolve_path,
-    short_hash,
-    with_model_paths,
-)
-from sweeper.portable import RepoSource
+from sweeper.executor import ExecutorFactory, choose
+from sweeper.matrix import Matrix, MatrixFile, ServerGroup, canonical, load_matrix, short_hash
+from sweeper.portable import RepoSource, portable_spec, repo_source
+from sweeper.repos import repo_for
 from sweeper.runner import GroupJob, GroupResult
-from sweeper.storage import Location, local_side
+from sweeper.storage import Location
 from sweeper.store import SAMPLE_SCHEMA, RunDir, check_parquet, host_info, new_run_id, now_utc, open_run
-from sweeper.suite import Suite, load_suite
-
-DEFAULT_LOGICAL_GPUS = 4
+from sweeper.suite import Suite, load_suites
 
 
 @dataclass
@@ -78,51 +60,6 @@ class RunOutcome:
     notes: list[str] = field(default_factory=list)  # what was repaired before running
 
 
-def sim_repo(spec: str, cache: Path) -> Path:
-    """`sim:<scenario>`: a simulated vLLM history made once by the simulator's own command line."""
-    scenario = spec.split(":", 1)[1] or "demo"
-    target = cache / f"sim-{scenario}"
-    if not (target / ".git").exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        # Made in a folder of its own and renamed into place: two runs starting together each make
-        # one, the first rename wins and the other is dropped.
-        work = Path(tempfile.mkdtemp(prefix=f".sim-{scenario}.", dir=cache))
-        try:
-            done = subprocess.run([sys.executable, "-m", "sweeper.sim", "make-repo", str(work / "repo"), "--scenario",
-                                   scenario], capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                raise ConfigError(f"cannot make the simulated history {spec!r}: {done.stderr.strip()[-300:]}")
-            with contextlib.suppress(OSError):  # another run was first
-                (work / "repo").rename(target)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-    return target
-
-
-def repo_for(matrix: Matrix, runs_dir: str | Path) -> Path | None:
-    install = matrix.spec.install
-    if install.kind == "preinstalled" or not install.repo:
-        if install.kind in ("sim", "source"):
-            raise ConfigError("install.repo is required for this install kind", file=matrix.path, key="install.repo")
-        return None
-    if install.repo.startswith("sim:"):
-        return sim_repo(install.repo, local_side(runs_dir) / ".cache")
-    if gitrepo.is_url(install.repo):
-        return gitrepo.ensure_clone(install.repo, local_side(runs_dir) / ".cache" / "repos")
-    return resolve_path(matrix.path, install.repo)
-
-
-def load_suites(paths: tuple[Path, ...]) -> Suite:
-    """One suite, or several combined: case ids become `<suite>/<case>`."""
-    suites = [load_suite(p) for p in paths]
-    if len(suites) == 1:
-        return suites[0]
-    cases = tuple(dataclasses.replace(c, case_id=f"{s.name}/{c.case_id}") for s in suites for c in s.cases)
-    digest = hashlib.sha256("".join(s.digest for s in suites).encode()).hexdigest()
-    return Suite(name="+".join(s.name for s in suites), path=",".join(s.path for s in suites), cases=cases,
-                 digest=digest)
-
-
 def make_plan(matrix_path: str | Path, runs_dir: str | Path, *, resolve: bool = True) -> Plan:
     """Everything checkable before a server starts. `resolve=False` (a dry run) leaves refs of a
     remote repository unresolved rather than cloning it."""
@@ -150,30 +87,6 @@ def make_plan(matrix_path: str | Path, runs_dir: str | Path, *, resolve: bool = 
             except GitError as exc:
                 raise ConfigError(str(exc), file=matrix.path, key="axes.commit") from None
     return Plan(matrix, suite, repo, shas, matrix.groups())
-
-
-def portable_spec(matrix: Matrix) -> MatrixFile:
-    """The settings workers get. Paths that name a place on every node (model paths, install.cache_dir,
-    install.python) become absolute, as the matrix meant them; nothing else names the driver's disk.
-    `install.repo` stays as written: a worker reads the repository only from its `RepoSource`."""
-    spec = with_model_paths(matrix.spec, matrix.path)
-    install = spec.install
-    update = {k: str(resolve_path(matrix.path, v)) for k, v in (("cache_dir", install.cache_dir),
-                                                                  ("python", install.python)) if v}
-    if not update:
-        return spec
-    return spec.model_copy(update={"install": install.model_copy(update=update)})
-
-
-def repo_source(install: Install, repo: Path | None) -> RepoSource | None:
-    """How workers get the repository: a URL is cloned on each node; a local repository or a `sim:`
-    history travels as a git bundle (made once per state of the repository). Only
-    the kinds that build from the repository on the node (sim, source) need one."""
-    if repo is None or install.kind not in ("sim", "source") or not install.repo:
-        return None
-    if gitrepo.is_url(install.repo):
-        return RepoSource.of_url(install.repo)
-    return RepoSource.bundle_of(Path(repo))
 
 
 def manifest(plan: Plan, run_id: str) -> dict[str, Any]:
@@ -263,7 +176,7 @@ def record_retry(run: RunDir, job: GroupJob, attempt: int, error: str) -> None:
 
 
 def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | None = None, resume: str | None = None,
-               address: str | None = None, gpus: float | None = None, cache_dir: Path | None = None,
+               executor: ExecutorFactory | None = None, cache_dir: Path | None = None,
                on_group: Callable[[GroupJob, GroupResult], None] | None = None,
                on_plan: Callable[[Plan, int], None] | None = None) -> RunOutcome:
     plan = make_plan(matrix_path, runs_dir)
@@ -296,9 +209,9 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | N
     if not jobs:
         return outcome
     try:
-        with Cluster(address, logical_gpus=sweep_gpus(plan.matrix, gpus)) as cluster:
-            cluster.preflight(plan.matrix.spec.gpus_per_cell)
-            for job, result in cluster.run(jobs, on_retry=lambda j, n, e: record_retry(run, j, n, e)):
+        with (executor or choose())(plan.matrix) as ex:
+            ex.preflight(plan.matrix.spec.gpus_per_cell)
+            for job, result in ex.run(jobs, on_retry=lambda j, n, e: record_retry(run, j, n, e)):
                 # The log first (a group without a server has none): a group is done once its cells are written.
                 if result.log:
                     run.write_log(result.group_id, result.log_text())
@@ -307,47 +220,7 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | N
                 if on_group:
                     on_group(job, result)
     except KeyboardInterrupt:
-        raise Interrupted(run.uri, resume_command("matrix", str(matrix_path), runs_dir=runs_dir,
-                                                  run_id=run.run_id)) from None
+        raise Interrupted(run.uri, run.run_id) from None
     return outcome
 
 
-def resume_command(command: str, *args: str, runs_dir: str | Path, run_id: str) -> str:
-    """The command line that continues an interrupted run."""
-    where = [] if str(runs_dir) == "runs" else ["--runs-dir", str(runs_dir)]
-    return shlex.join(["sweep", command, *args, *where, "--resume", run_id])
-
-
-def sweep_gpus(matrix: Matrix, gpus: float | None) -> float | None:
-    """Logical GPU slots for a local cluster: declared for the simulator, never for real vLLM."""
-    if matrix.spec.install.kind == "sim":
-        return gpus if gpus is not None else DEFAULT_LOGICAL_GPUS
-    return gpus
-
-
-def plan_text(plan: Plan) -> list[tuple[str, list[str]]]:
-    """For --dry-run: each server to start, with the cells that reuse it."""
-    out = []
-    for g in plan.groups:
-        head = g.head
-        sha = plan.shas.get(head.commit)
-        parts = [f"commit {head.commit}" + (f" ({sha[:12]})" if sha and sha != head.commit else ""), f"spec {head.spec_method}"
-                 + (f" x{head.num_speculative_tokens}" if head.num_speculative_tokens else "")]
-        if head.async_scheduling is not None:
-            parts.append("async" if head.async_scheduling else "no-async")
-        if head.attention_backend:
-            parts.append(head.attention_backend)
-        parts += [f"{k}={v}" for k, v in head.env.items() if _is_axis(plan, f"env.{k}")]
-        parts += [f"{k} {v}" for k, v in head.serve.items() if _is_axis(plan, f"serve.{k}")]
-        cells = [c.cell_id + _request_desc(c.request, plan) for c in g.cells]
-        out.append((", ".join(parts), cells))
-    return out
-
-
-def _is_axis(plan: Plan, name: str) -> bool:
-    return any(n == name for n, _ in plan.matrix.axes) or any(name in c.values for c in plan.matrix.cells)
-
-
-def _request_desc(request: Mapping[str, Any], plan: Plan) -> str:
-    fields = [f"{k}={canonical(v)}" for k, v in request.items() if _is_axis(plan, f"request.{k}")]
-    return f"  [{', '.join(fields)}]" if fields else ""

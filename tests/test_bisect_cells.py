@@ -19,6 +19,7 @@ from sweeper.bisect.driver import run_bisect
 from sweeper.bisect.report import render
 from sweeper.environments import list_environments
 from sweeper.errors import BisectError
+from sweeper.executor import choose
 from sweeper.sweep import run_matrix
 
 FSM = {"id": "fsm", "effect": "fsm_whitespace", "when": {"spec_method": ["mtp"], "strict_tool_calling": [True]},
@@ -93,7 +94,7 @@ def test_bisect_as_typed_names_both_culprits_and_the_fix_with_their_cells(
     runs, cache = tmp_path / "runs", tmp_path / "cache"
     with pytest.raises(BisectError, match="no sweep run under .*: run `sweep matrix MATRIX.yaml` first"):
         run_bisect(good="v0.27", bad="main", runs_dir=runs, cache_dir=cache)
-    sweep = run_matrix(root / "m.yaml", runs_dir=runs, run_id="sweep", gpus=4, cache_dir=cache)
+    sweep = run_matrix(root / "m.yaml", runs_dir=runs, run_id="sweep", executor=choose(gpus=4), cache_dir=cache)
     envs_after_sweep = {e.sha for e in list_environments(cache)}
 
     outcome = run_bisect(good="v0.27", bad="main", runs_dir=runs, run_id="b", parallel=4, cache_dir=cache)

@@ -186,7 +186,7 @@ def test_async_with_ngram_is_refused_with_vllms_message(installed, model, work) 
 def test_cpu_matrix_cells_through_the_runner(installed, model, work, monkeypatch) -> None:
     """Two cells of matrices/cpu.yaml end to end: one runs (with a silent fallback), one is refused."""
     from sweeper.runner import GroupJob, run_group
-    from sweeper.sweep import load_suites
+    from sweeper.suite import load_suites
 
     for var, sub in (("VLLM_CACHE_ROOT", "vllm"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TMPDIR", "tmp")):
         (work / "e2e" / sub).mkdir(parents=True, exist_ok=True)
@@ -240,7 +240,7 @@ def test_real_releases_crash_budget_and_draft_model(model, work, monkeypatch) ->
     0.30.0 (a `crashed` cell with vLLM's root cause) and serves on 0.32.0; on 0.32.0 the tiny model
     as its own draft (`draft_model`) breaks the thinking budget, which holds without speculation."""
     from sweeper.runner import GroupJob, run_group
-    from sweeper.sweep import load_suites
+    from sweeper.suite import load_suites
 
     scratch = work / "releases"
     for var, sub in (("VLLM_CACHE_ROOT", "vllm"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TMPDIR", "tmp")):

@@ -37,10 +37,12 @@ from sweeper.bisect import modes as fm
 from sweeper.bisect.report import describe
 from sweeper.bisect.search import BisectReport, Search
 from sweeper.catalogue import Wanted
-from sweeper.cluster import Cluster
 from sweeper.errors import BisectError, Interrupted, SweepError
+from sweeper.executor import Executor, ExecutorFactory, choose
 from sweeper.history import History, history_for
 from sweeper.matrix import Cell, Matrix, ServerGroup, canonical, make_cell
+from sweeper.portable import portable_spec, repo_source
+from sweeper.repos import repo_for
 from sweeper.runner import GroupJob, GroupResult
 from sweeper.status import ProbeStatus
 from sweeper.storage import Location
@@ -53,8 +55,7 @@ from sweeper.store import (
     open_run,
     table,
 )
-from sweeper.suite import Suite
-from sweeper.sweep import load_suites, portable_spec, repo_for, repo_source, resume_command, sweep_gpus
+from sweeper.suite import Suite, load_suites
 
 
 @dataclass
@@ -245,7 +246,7 @@ class Bisector:
     def _requests_per_repeat(self) -> int:
         return max(1, sum(c.repeat for c in self.suite.cases))
 
-    def probe(self, cluster: Cluster, plan: list[tuple[str, list[tuple[Target, int]]]]) -> None:
+    def probe(self, executor: Executor, plan: list[tuple[str, list[tuple[Target, int]]]]) -> None:
         """Run one round: one server start per planned group; store and remember the results."""
         self.round += 1
         jobs, served = [], {}
@@ -260,7 +261,7 @@ class Bisector:
                            cell_ids=tuple(c.cell_id for c in cells), repeats_override=repeats)
             jobs.append(job)
             served[group.group_id] = (self.probe_no, [t for t, _ in wants])
-        for job, result in cluster.run(jobs):
+        for job, result in executor.run(jobs):
             probe_no, targets = served[job.group.group_id]
             self._store(job, result, probe_no, targets)
 
@@ -307,7 +308,7 @@ class Bisector:
                      f"{t.label} -> {status}, {sum(counts.values())}/{len(sets)} failed")
         self.run.write_table(f"probes/{name}.parquet", table(rows, PROBE_SCHEMA))
 
-    def drive(self, cluster: Cluster, slots: int) -> list[BisectReport]:
+    def drive(self, executor: Executor, slots: int) -> list[BisectReport]:
         """Rounds until no search wants a probe; the state after each round goes to bisect.json."""
         first = self.round
         while True:
@@ -318,7 +319,7 @@ class Bisector:
             plan = self.plan_round(searches, slots)
             if not plan:
                 return reports
-            self.probe(cluster, plan)
+            self.probe(executor, plan)
 
     def save_state(self, reports: list[BisectReport], *, final: bool) -> dict[str, Any]:
         summary = describe(reports, self.targets, self.history, self.commits)
@@ -337,8 +338,8 @@ def _with_group(tbl: pa.Table, name: str) -> pa.Table:
 def run_bisect(*, good: str, bad: str, matrix_path: Path | None = None, from_run: str | None = None,
                where: Sequence[str] = (), repo: str | None = None, parallel: int | None = None,
                confidence: float = 0.99, max_samples: int | None = None, runs_dir: str | Path = "runs",
-               run_id: str | None = None, resume: str | None = None, address: str | None = None,
-               gpus: float | None = None, cache_dir: Path | None = None, widen: bool = False,
+               run_id: str | None = None, resume: str | None = None,
+               executor: ExecutorFactory | None = None, cache_dir: Path | None = None, widen: bool = False,
                on_event: Callable[[str], None] = lambda _: None) -> BisectOutcome:
     """Bisect between good and bad. With `matrix_path`, the one cell `where` picks; without it, every
     cell of a sweep run (the latest, or `from_run`) that fails differently at bad than at good."""
@@ -358,7 +359,7 @@ def run_bisect(*, good: str, bad: str, matrix_path: Path | None = None, from_run
     suite = load_suites(matrix.suite_paths)
     return bisect_cells(matrix=matrix, cells=cells, suite=suite, good=good, bad=bad, parallel=parallel,
                         confidence=confidence, max_samples=max_samples, runs_dir=runs_dir, run_id=run_id,
-                        resume=resume, address=address, gpus=gpus, cache_dir=cache_dir, widen=widen,
+                        resume=resume, executor=executor, cache_dir=cache_dir, widen=widen,
                         on_event=on_event)
 
 
@@ -466,7 +467,7 @@ def cells_from_run(runs_dir: str | Path, from_run: str | None, good: str, bad: s
 
 def bisect_cells(*, matrix: Matrix, cells: list[Cell], suite: Suite, good: str, bad: str, parallel: int | None,
                  confidence: float, max_samples: int | None, runs_dir: str | Path, run_id: str | None, resume: str | None,
-                 address: str | None, gpus: float | None, cache_dir: Path | None, widen: bool,
+                 executor: ExecutorFactory | None, cache_dir: Path | None, widen: bool,
                  on_event: Callable[[str], None]) -> BisectOutcome:
     repo_path = repo_for(matrix, runs_dir)
     history = history_for(matrix.spec.install, repo_path, good=good, bad=bad)
@@ -484,9 +485,9 @@ def bisect_cells(*, matrix: Matrix, cells: list[Cell], suite: Suite, good: str, 
     options = {"confidence": confidence, "max_samples": max_samples}
     on_event(f"bisecting {len(commits) - 1} commits {good_sha[:10]}..{bad_sha[:10]} for {len(cells)} cell(s)")
     try:
-        with Cluster(address, logical_gpus=sweep_gpus(matrix, gpus)) as cluster:
-            cluster.preflight(matrix.spec.gpus_per_cell)
-            k = parallel or max(1, cluster.free_gpu_slots(matrix.spec.gpus_per_cell))
+        with (executor or choose())(matrix) as ex:
+            ex.preflight(matrix.spec.gpus_per_cell)
+            k = parallel or max(1, ex.free_slots(matrix.spec.gpus_per_cell))
             on_event(f"{k} server starts per round")
             while True:
                 run.write_manifest({"run_id": run.run_id, "kind": "bisect", "created": now_utc().isoformat(),
@@ -501,15 +502,14 @@ def bisect_cells(*, matrix: Matrix, cells: list[Cell], suite: Suite, good: str, 
                              on_event=on_event)
                 if b.reused_samples():
                     on_event(f"reusing {b.reused_samples()} stored samples")
-                reports = b.drive(cluster, k)
+                reports = b.drive(ex, k)
                 older = _widen_to(reports, history, commits, bad_sha) if widen else None
                 if older is None:
                     break
                 on_event(f"a mode fails at {commits[0][:10]} with no change in range; widening to {older[:10]}")
                 commits = history.range(older, bad_sha)
     except KeyboardInterrupt:
-        raise Interrupted(run.uri, resume_command("bisect", "--good", good, "--bad", bad, runs_dir=runs_dir,
-                                                  run_id=run.run_id)) from None
+        raise Interrupted(run.uri, run.run_id) from None
     summary = b.save_state(reports, final=True)
     return BisectOutcome(run, reports, b.targets, summary)
 
