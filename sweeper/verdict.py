@@ -18,6 +18,8 @@ NO_TRACEBACK = "engine died (no traceback in the log)"
 
 @dataclass(frozen=True)
 class Verdict:
+    """What every cell of the group is recorded with."""
+
     status: Status
     detail: str
     signature: str | None = None  # the failure mode a crash or a refusal names (see `crash`)
@@ -54,7 +56,7 @@ class Served:
     hung: bool  # the replay stopped: every slot waited a full request timeout
     # The replay stopped: the group's `timeouts.group_s` (these seconds) ran out. Else None.
     cut_off_s: float | None
-    # The process still ran after the replay, and after the crash grace where the runner waited it.
+    # The process still ran after the replay (and after the crash grace, where the runner waited it out).
     alive: bool
     returncode: int | None  # its exit code once it has exited
     log_text: str
