@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from sweeper.checks import Exchange, clip, parse_spec, run_checks
@@ -168,14 +170,98 @@ def test_samples_written_before_the_transport_column_still_read(tmp_path: Path) 
     from sweeper.analysis import load_table
     from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, open_run, parquet_bytes, table
 
-    old_schema = pa.schema([f for f in SAMPLE_SCHEMA if f.name != "transport"], metadata=SAMPLE_SCHEMA.metadata)
+    # A samples file as the sweeper wrote it before the column: schema version 1, no `transport`.
+    old_schema = pa.schema([f for f in SAMPLE_SCHEMA if f.name != "transport"],
+                           metadata={b"schema_version": b"1", b"sweeper.rows": b"1", b"sweeper.group": b"g"})
     run = open_run(tmp_path, "old", create=True)
     samples = table([{"run_id": "old", "group_id": "g", "cell_id": "c", "passed": False,
                       "failed_checks": ["http_ok"], "error": "ReadError: "}], old_schema)
     cells = table([{"run_id": "old", "group_id": "g", "cell_id": "c", "status": "ok"}], CELL_SCHEMA)
-    data = parquet_bytes(samples, {"group": "g"})
+    sink = pa.BufferOutputStream()
+    pq.write_table(samples, sink)
+    data = sink.getvalue()
     run.samples_path("g").write_atomic(data)
     run.cells_path("g").write_atomic(parquet_bytes(cells, {"group": "g", "samples_rows": 1,
                                                            "samples_bytes": data.size}))
     rows = load_table(run, "samples").to_pylist()
     assert [(r["cell_id"], r["error"], r["transport"]) for r in rows] == [("c", "ReadError: ", None)]
+
+
+SUITE = """
+name: wire
+defaults:
+  body: {max_tokens: 16, messages: [{role: user, content: hi}]}
+  checks: [http_ok, {finish_reason: {expected: stop}}, content_nonempty]
+cases:
+  - id: plain
+    body: {stream: false}
+  - id: streamed
+    body: {stream: true}
+"""
+
+# One cell (one server) per behaviour: what its plain and its streamed request must be.
+GROUP = {
+    "ok": (None, None),
+    "cut_stream": (Transport.TRUNCATED, Transport.CLOSED_EARLY),
+    "truncated": (Transport.TRUNCATED, Transport.TRUNCATED),
+    "invalid_utf8": (Transport.INVALID_UTF8, Transport.INVALID_UTF8),
+    "big": (Transport.TOO_LARGE, Transport.TOO_LARGE),
+    "endless": (Transport.TOO_LARGE, Transport.TOO_LARGE),
+    "slow_drip": (Transport.TIMEOUT_TOTAL, Transport.TIMEOUT_TOTAL),
+    "reset": (Transport.RESET, Transport.RESET),
+    "html": (Transport.CONTENT_TYPE, Transport.CONTENT_TYPE),
+}
+
+
+def test_a_sweep_of_misbehaving_servers_names_each_failure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Through a whole sweep (in-process executor, a preinstalled install whose launcher is the wire
+    server): every cell is written, each sample carries its verdict, the control passes, and the
+    report's failing checks, --explain's modes and --issue name the wire failures."""
+    from conftest import run_cli
+
+    from sweeper import analysis
+    from sweeper.executor import choose
+    from sweeper.sweep import run_matrix
+
+    (tmp_path / "s.yaml").write_text(SUITE)
+    launch = json.dumps(["{python}", str(WIRE_SERVER), "serve"])
+    (tmp_path / "m.yaml").write_text(textwrap.dedent(f"""
+        name: wire
+        model: m
+        suite: s.yaml
+        install: {{kind: preinstalled, python: {json.dumps(sys.executable)}, launch: {launch}}}
+        gpus_per_cell: 0
+        concurrency: 2
+        max_response_mb: 1
+        timeouts: {{startup_s: 60, request_s: 2}}
+        axes:
+          env.WIRE_BEHAVIOUR: {json.dumps(list(GROUP))}
+    """))
+    runs = tmp_path / "runs"
+    outcome = run_matrix(tmp_path / "m.yaml", runs_dir=runs, run_id="wire", executor=choose("local"),
+                         cache_dir=tmp_path / "cache")
+    samples = analysis.load_table(outcome.run, "samples").to_pylist()
+    cells = {json.loads(dict(c["axes"])["env.WIRE_BEHAVIOUR"]): c for c in analysis.load_table(outcome.run, "cells").to_pylist()}
+    assert set(cells) == set(GROUP)
+    got: dict[str, dict[str, str | None]] = {b: {} for b in GROUP}
+    by_id = {c["cell_id"]: b for b, c in cells.items()}
+    for s in samples:
+        got[by_id[s["cell_id"]]][s["case_id"]] = s["transport"]
+        if s["transport"]:
+            assert not s["passed"] and f"transport: {s['transport']}" in s["failed_checks"], s
+            assert s["error"], s
+    assert got == {b: {"plain": p, "streamed": st} for b, (p, st) in GROUP.items()}
+    assert cells["ok"]["status"] == "ok" and cells["ok"]["n_failed"] == 0
+    assert cells["slow_drip"]["status"] == "timeout"  # every slot waited a full request timeout
+    assert all(c["status"] == "ok" for b, c in cells.items() if b != "slow_drip"), cells
+    assert dict(cells["reset"]["failed_checks"]) == {"transport: reset": 2}
+
+    code, out, _ = run_cli(["report", "--runs-dir", str(runs), "wire"], capsys)
+    assert code == 0 and "transport: invalid_utf8×2" in out, out
+    code, out, _ = run_cli(["report", "--runs-dir", str(runs), "wire", "--explain"], capsys)
+    # One mode per wire failure, whichever case showed it (plain and streamed requests alike).
+    assert code == 0 and re.search(r"transport: reset +\(2 failing samples; cases: 2\)", out), out
+    assert re.search(r"transport: too_large +\(4 failing samples; cases: 2\)", out), out
+    code, out, _ = run_cli(["report", "--runs-dir", str(runs), "wire", "--issue", "--mode", "transport: reset"],
+                           capsys)
+    assert code == 0 and "the server reset the connection after the status line" in out, out
