@@ -26,6 +26,7 @@ semantics: product -> exclude -> include. Axes that do not apply collapse: a cel
 Serve flag values: `true` gives the bare flag, `false`/`null` leave it out, anything else is
 passed as the flag's value (mappings as JSON). Env values are strings; `null` unsets.
 Request fields are merged into every request body of the suite; `null` removes a field.
+`max_response_mb` (default 16) caps each answer as it is read: a larger one fails its sample.
 """
 
 from __future__ import annotations
