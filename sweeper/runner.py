@@ -470,7 +470,8 @@ class _CellBase:
                 "effective_num_speculative_tokens": effective.num_speculative_tokens,
                 "effective_structured_backend": effective.structured_backend,
             }
-        latencies = [s["latency_s"] for s in samples if s["http_status"] == 200]
+        # Answers that came whole: a 200 that broke on the wire (a reset, a cap) has no latency to speak of.
+        latencies = [s["latency_s"] for s in samples if s["http_status"] == 200 and not s.get("transport")]
         ttfts = [s["ttft_s"] for s in samples if s["ttft_s"] is not None]
         finger = finger or {}
         return {

@@ -27,6 +27,11 @@ WIRE_ERRORS = (httpx.HTTPError, OSError)
 _LENGTHS = re.compile(r"received (\d+) bytes, expected (\d+)")
 
 
+def max_bytes(megabytes: float) -> int:
+    """The response cap in bytes for a matrix's `max_response_mb`."""
+    return int(megabytes * 2**20)
+
+
 @dataclass(frozen=True)
 class Fault:
     kind: Transport
@@ -291,7 +296,3 @@ async def exchange(client: httpx.AsyncClient, url: str, body: Mapping[str, Any],
     except WIRE_ERRORS as exc:
         wire.note(wire.failure(exc))
     return Answer(wire.status, response, wire.fault, timed_out, note)
-
-
-def max_bytes(megabytes: float) -> int:
-    return int(megabytes * 2**20)

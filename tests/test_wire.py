@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import textwrap
@@ -89,6 +90,7 @@ CASES = [
     ("reset", False, Transport.RESET, "reset the connection after the status line (HTTP 200)"),
     ("reset", True, Transport.RESET, "reset the connection after the status line (HTTP 200)"),
     ("hangup", False, Transport.CLOSED_EARLY, "closed the connection without answering"),
+    ("silent", False, Transport.TIMEOUT_READ, "waiting for the answer (connected, request sent, no status line)"),
     ("html", False, Transport.CONTENT_TYPE, "content type 'text/html; charset=utf-8', not application/json"),
     ("html", True, Transport.CONTENT_TYPE, "content type 'text/html; charset=utf-8', not text/event-stream"),
     ("not_json", False, Transport.NOT_JSON, "the body is not JSON"),
@@ -101,7 +103,8 @@ CASES = [
 @pytest.mark.parametrize(("behaviour", "stream", "verdict", "words"), CASES,
                          ids=[f"{b}-{'stream' if s else 'plain'}" for b, s, _, _ in CASES])
 def test_each_wire_failure_is_named(wire: str, behaviour: str, stream: bool, verdict: Transport, words: str) -> None:
-    reply = send(wire, behaviour, stream, timeout_s=2.0 if behaviour == "slow_drip" else 10.0, max_response_mb=4)
+    reply = send(wire, behaviour, stream, timeout_s=2.0 if behaviour in ("slow_drip", "silent") else 10.0,
+                 max_response_mb=4)
     assert reply.transport == verdict, reply
     assert reply.error is not None and words in reply.error, reply.error
     assert reply.timed_out == verdict.timed_out
@@ -129,6 +132,31 @@ def test_invalid_utf8_keeps_the_content_and_shows_where(wire: str, stream: bool)
     # The bad bytes are U+FFFD in the content kept for triage; the error names their offset and shows them.
     assert reply.response["choices"][0]["message"]["content"] == "Hello \ufffd\ufffd there \ufffd(."
     assert reply.error is not None and "\\xff\\xfe there \\xc3(." in reply.error
+
+
+def test_no_listener_is_refused_and_a_full_backlog_a_connect_timeout() -> None:
+    reply = send(f"http://127.0.0.1:{free_port()}", "ok", False)
+    assert reply.transport == Transport.REFUSED and reply.error.startswith("could not connect"), reply
+    # A socket that listens but never accepts: once its backlog is full the kernel drops new SYNs,
+    # and a connection is never made.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        fillers = []
+        try:
+            for _ in range(4):
+                filler = socket.socket()
+                filler.setblocking(False)
+                filler.connect_ex(listener.getsockname())
+                fillers.append(filler)
+            time.sleep(0.2)
+            reply = send(url, "ok", False, timeout_s=1.0)
+        finally:
+            for filler in fillers:
+                filler.close()
+    assert reply.transport == Transport.TIMEOUT_CONNECT and reply.timed_out, reply
+    assert reply.error == "timeout after 1s: no connection to the server"
 
 
 def test_an_error_status_with_an_html_page_says_what_came(wire: str) -> None:
@@ -255,6 +283,8 @@ def test_a_sweep_of_misbehaving_servers_names_each_failure(tmp_path: Path, capsy
     assert cells["slow_drip"]["status"] == "timeout"  # every slot waited a full request timeout
     assert all(c["status"] == "ok" for b, c in cells.items() if b != "slow_drip"), cells
     assert dict(cells["reset"]["failed_checks"]) == {"transport: reset": 2}
+    # Latency is of answers that came whole: a 200 reset by the server has none.
+    assert cells["reset"]["latency_p50_s"] is None and cells["ok"]["latency_p50_s"] is not None
 
     code, out, _ = run_cli(["report", "--runs-dir", str(runs), "wire"], capsys)
     assert code == 0 and "transport: invalid_utf8×2" in out, out

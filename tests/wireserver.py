@@ -33,7 +33,7 @@ ENDLESS_PIECE = 64 * 1024
 ENDLESS_PAUSE_S = 0.001
 
 BEHAVIOURS = ("ok", "cut_stream", "truncated", "invalid_utf8", "big", "endless", "slow_drip", "reset",
-              "html", "html502", "hangup", "not_json", "bad_sse", "no_done")
+              "html", "html502", "hangup", "silent", "not_json", "bad_sse", "no_done")
 
 HELP = """usage: wireserver serve [-h] [--host HOST] [--port PORT] [--api-key API_KEY]
                         [--max-model-len MAX_MODEL_LEN] [--served-model-name NAME]
@@ -222,6 +222,11 @@ class Handler(BaseHTTPRequestHandler):
     def _hangup(self, stream: bool) -> None:
         """Close the connection without a status line."""
         self.connection.shutdown(socket.SHUT_RDWR)
+
+    def _silent(self, stream: bool) -> None:
+        """Read the request, never answer (until the client goes)."""
+        self.connection.settimeout(60)
+        self.connection.recv(1)
 
     def _not_json(self, stream: bool) -> None:
         if stream:
