@@ -295,3 +295,23 @@ def test_a_sweep_of_misbehaving_servers_names_each_failure(tmp_path: Path, capsy
     code, out, _ = run_cli(["report", "--runs-dir", str(runs), "wire", "--issue", "--mode", "transport: reset"],
                            capsys)
     assert code == 0 and "the server reset the connection after the status line" in out, out
+
+
+def test_the_simulator_answers_whole_streamed_and_plain(tmp_path: Path) -> None:
+    """The strict reading passes what a vLLM-like server sends: the simulator's SSE and JSON."""
+    from conftest import make_sim_repo
+
+    from sweeper import analysis
+    from sweeper.executor import choose
+    from sweeper.sweep import run_matrix
+
+    (tmp_path / "s.yaml").write_text(SUITE.replace("{finish_reason: {expected: stop}}",
+                                                   "{finish_reason: {expected: [stop, length]}}"))
+    make_sim_repo(tmp_path / "vllm", [("good", {})])
+    (tmp_path / "m.yaml").write_text("model: m\nsuite: s.yaml\ninstall: {kind: sim, repo: vllm}\nrepeats: 3\n"
+                                     "axes: {commit: [good]}\n")
+    outcome = run_matrix(tmp_path / "m.yaml", runs_dir=tmp_path / "runs", run_id="sim", executor=choose("local"),
+                         cache_dir=tmp_path / "cache")
+    samples = analysis.load_table(outcome.run, "samples").to_pylist()
+    assert sorted(s["case_id"] for s in samples) == ["plain"] * 3 + ["streamed"] * 3
+    assert all(s["passed"] and s["transport"] is None and s["content_tail"] for s in samples), samples
