@@ -155,12 +155,11 @@ def rebuild_cell(manifest: Mapping[str, Any], axes: Mapping[str, Any]) -> Any:
 def serve_command(manifest: Mapping[str, Any], axes: Mapping[str, Any], redact: Redactor) -> tuple[list[str], dict[str, str]]:
     """`vllm serve` argv and the environment that started this cell's server (without the API key
     the sweeper adds for itself)."""
-    from sweeper.environments import Installed
+    from sweeper.vllm.flags import Command
     from sweeper.vllm.flags import serve_command as command
 
     spec, cell = rebuild_cell(manifest, axes)
-    launch = command(cell, model=spec.model, spec_config=spec.spec_config,
-                     installed=Installed(commit=cell.commit, sha=None, launch=("vllm", "serve")),
+    launch = command(cell, model=spec.model, spec_config=spec.spec_config, installed=Command(("vllm", "serve")),
                      host="127.0.0.1", port=8000, api_key=None)
     return redact.argv(launch.argv), redact.env(dict(launch.env))
 

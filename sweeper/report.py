@@ -12,7 +12,7 @@ import pandas as pd
 from rich.table import Table
 
 from sweeper import gitrepo
-from sweeper.environments import EnvInfo
+from sweeper.envinfo import EnvInfo
 from sweeper.errors import SweepError
 from sweeper.matrix import resolve_path
 from sweeper.stats import wilson
