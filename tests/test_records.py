@@ -103,6 +103,8 @@ DAMAGE = {
     "unknown-kind": ({"kind": "triage"}, "'kind' is 'triage', expected one of matrix, bisect"),
     "unknown-key": ({"colour": "red"}, "unknown key 'colour' in a matrix manifest"),
     "no-run-id": ({"run_id": None}, "no 'run_id'"),
+    "created-a-number": ({"created": 5}, "'created' is a JSON number where a string belongs"),
+    "shas-numbers": ({"commits": {"main": 1}}, "'commits' is a JSON object where an object of refs to shas belongs"),
     "retry-without-group": ({"retried": [{"attempt": 1, "error": "x", "at": "t"}]}, "'retried' has no 'group_id'"),
     "host-a-list": ({"host": ["vm"]}, "'host' is a JSON array where an object belongs"),
     "version-a-string": ({"manifest_version": "2"}, "'manifest_version' is '2', expected a whole number from 1"),
