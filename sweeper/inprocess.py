@@ -16,6 +16,7 @@ daemons: after Ctrl-C the process exits without waiting for them, and each guard
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import queue
 import threading
@@ -33,6 +34,15 @@ if TYPE_CHECKING:
 
 # How often the driver's thread wakes while waiting, so that Ctrl-C is seen promptly.
 WAIT_S = 0.5
+
+
+def deal_devices(devices: Sequence[str] | None, *, slots: int, per_cell: float) -> list[str | None]:
+    """CUDA_VISIBLE_DEVICES per slot: slot i owns the physical devices [i*n, (i+1)*n), n GPUs per
+    cell, so no two servers share one. Logical slots (`devices` None) and GPU-less cells get none."""
+    n = math.ceil(per_cell) if per_cell > 0 else 0
+    if devices is None or n == 0:
+        return [None] * slots
+    return [",".join(devices[i * n:(i + 1) * n]) for i in range(slots)]
 
 
 class InProcess:
@@ -88,11 +98,9 @@ class InProcess:
         for job in jobs:
             todo.put(job)
         done: queue.Queue[tuple[GroupJob, GroupResult]] = queue.Queue()
-        # Physical GPUs are dealt to slots once: slot i owns devices [i*n, (i+1)*n).
-        per_slot = int(per_cell) if per_cell >= 1 and self.logical_gpus is None else 0
+        dealt = deal_devices(None if self.logical_gpus is not None else self.devices, slots=slots, per_cell=per_cell)
         threads = []
-        for i in range(slots):
-            devices = ",".join(self.devices[i * per_slot:(i + 1) * per_slot]) if per_slot else None
+        for i, devices in enumerate(dealt):
             t = threading.Thread(target=self._slot, args=(todo, done, devices, on_start), daemon=True,
                                  name=f"sweep-slot-{i}")
             t.start()

@@ -26,7 +26,7 @@ from typing import Any, Self
 
 import pyarrow as pa
 
-from sweeper import environments, files, fingerprint, metrics, vllm
+from sweeper import environments, files, fingerprint, metrics, verdict, vllm
 from sweeper.checks import Exchange, run_checks
 from sweeper.errors import InstallError, ServerError, SweepError
 from sweeper.matrix import Cell, MatrixFile, ServerGroup, canonical
@@ -201,7 +201,7 @@ def _run_group(job: GroupJob, base: _CellBase, cells: Sequence[Cell], log_path: 
                                          cache_dir=cache, repo=node_repo(job.repo, cache, fetch))
     except (InstallError, SweepError) as exc:
         return base.failed(Status.INSTALL_FAILED, str(exc), "", time.monotonic() - t_start)
-    words = crash.setting_words(group.head.values, group.head.serve, group.head.env)
+    words = frozenset(crash.setting_words(group.head.values, group.head.serve, group.head.env))
     timings = {"install": time.monotonic() - t_start}
     base.version = installed.version
     port, api_key = free_port(), new_api_key()
@@ -239,9 +239,9 @@ def _run_group(job: GroupJob, base: _CellBase, cells: Sequence[Cell], log_path: 
                                  alive=server.alive, on_reply=live.on_reply, deadline=deadline)
             alive_after = server.alive()
             log_text = server.log_text()
+            answers = tuple(verdict.Answer(r.http_status, r.error, r.timed_out) for r in outcome.replies)
             # The engine can be dead while the API server still runs: the log or the answers say so.
-            died = crash.engine_died(log_text) or any(crash.dead_engine_reply(r.http_status, r.error)
-                                                      for r in outcome.replies)
+            died = verdict.engine_dead(log_text, answers)
             if alive_after and (died or _ends_in_server_errors(outcome.replies)):
                 alive_after = not _exits_within(server, CRASH_GRACE_S)
                 log_text = server.log_text()
@@ -250,35 +250,20 @@ def _run_group(job: GroupJob, base: _CellBase, cells: Sequence[Cell], log_path: 
             timings["replay"] = time.monotonic() - t_replay
     except ServerError as exc:
         log = exc.log_tail or tail(log_path)
-        reason = vllm.failure_reason(_read(log_path) or log)
-        # A refusal that names the cell's settings is the configuration failing (a failure mode);
-        # anything else (a port in use, a full disk) says nothing about it.
-        signature = f"refused: {reason[:300]}" if reason and exc.status == Status.SERVER_FAILED \
-            and crash.refusal_names_settings(reason, words) else None
-        detail = f"{exc}: {reason}" if reason and reason not in str(exc) else str(exc)
-        if deadline is not None and time.monotonic() >= deadline:
-            return base.failed(Status.TIMEOUT, f"timeouts.group_s ({group_s:g}s) ran out during start-up: {detail}",
-                               log, time.monotonic() - t_start)
-        return base.failed(Status(exc.status), detail, log, time.monotonic() - t_start, signature=signature)
+        out_of_time = deadline is not None and time.monotonic() >= deadline
+        start_verdict = verdict.judge(verdict.StartFailed(
+            Status(exc.status), str(exc), _read(log_path) or log, words,
+            out_of_time_s=group_s if out_of_time else None))
+        return base.failed(start_verdict.status, start_verdict.detail, log, time.monotonic() - t_start,
+                           signature=start_verdict.signature)
     t_post = time.monotonic()
     timings["startup"] = base.startup_s or 0.0
-    status, detail, signature = Status.OK, "", None
-    if outcome.aborted == Abort.CRASHED or not alive_after or died:
-        status = Status.CRASHED
-        cause = crash.root_cause(log_text)
-        exited = "the server still ran (stopped by the sweeper)" if alive_after \
-            else f"server exited with code {server.returncode}"
-        detail = (f"engine died: {cause.describe()}; " if cause else "") + \
-            f"{exited} during replay; {outcome.unsent} requests not sent"
-        signature = cause.signature if cause else "engine died (no traceback in the log)"
-    elif outcome.aborted == Abort.TIMEOUT:
-        status = Status.TIMEOUT
-        detail = f"requests stopped answering; {outcome.unsent} requests not sent"
-    elif outcome.aborted == Abort.DEADLINE:
-        status = Status.TIMEOUT
-        detail = f"timeouts.group_s ({group_s:g}s) ran out; {outcome.unsent} requests not sent or cut off"
-    elif any(r.timed_out for r in outcome.replies):
-        detail = f"{sum(r.timed_out for r in outcome.replies)} requests timed out"
+    # alive_after is False too when the replay stopped because the process exited (Abort.CRASHED).
+    cell_verdict = verdict.judge(verdict.Served(
+        answers, outcome.unsent, hung=outcome.aborted == Abort.TIMEOUT,
+        cut_off_s=group_s if outcome.aborted == Abort.DEADLINE else None,
+        alive=alive_after, returncode=server.returncode, log_text=log_text))
+    status, detail, signature = cell_verdict.status, cell_verdict.detail, cell_verdict.signature
     effective = vllm.effective_config(log_text)
     # One scrape before and one after the group's replay: the figures are the group's (see metrics).
     spec_figures, metrics_note = metrics.group_figures(before, after)

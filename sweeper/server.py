@@ -27,77 +27,14 @@ from typing import Self
 
 import httpx
 
+from sweeper import guard
 from sweeper.errors import ServerError
 
 LOG_TAIL_LINES = 40
-GUARD_POLL_S = 0.05
-
-# The guard: leader of the server's session, `python -I -S -c GUARD <owner pid> <grace s> argv...`.
-# os, signal, sys and time only (ctypes in the server's child): it starts in a fraction of the
-# server's own start. Two processes, each watching its parent: the outer one (the owner's direct
-# child, which Ray SIGKILLs when a worker exits) and a watcher under it that nothing outside kills.
-# Whichever sees its parent gone stops the group: TERM, the grace period, then KILL, so a server that
-# hangs in its shutdown goes too. TERM and INT reach the whole group: both ignore them and wait for
-# the server, whose exit status (or signal) they repeat as their own. The server also gets TERM the
-# moment the watcher dies.
-GUARD = """
-import os, signal, sys, time
-owner, grace, argv = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-def watch(child, parent, who):
-    while True:
-        done, status = os.waitpid(child, os.WNOHANG)
-        if done:
-            return status
-        if os.getppid() != parent:
-            os.write(1, f"sweep: {who} is gone: stopping this server\\n".encode())
-            os.killpg(0, signal.SIGTERM)
-            deadline = time.monotonic() + grace
-            while not os.waitpid(child, os.WNOHANG)[0] and time.monotonic() < deadline:
-                time.sleep(0.05)
-            os.killpg(0, signal.SIGKILL)
-        time.sleep(POLL_S)
-
-def repeat(status):
-    code = os.waitstatus_to_exitcode(status)
-    if code < 0:
-        try:
-            signal.signal(-code, signal.SIG_DFL)
-        except (OSError, ValueError):
-            pass  # SIGKILL, SIGSTOP: their action is the default one already
-        os.kill(os.getpid(), -code)
-        time.sleep(1)
-    sys.exit(code if code >= 0 else 128 - code)
-
-outer = os.getpid()
-watcher = os.fork()
-if watcher == 0:
-    me = os.getpid()
-    server = os.fork()
-    if server == 0:
-        try:
-            import ctypes
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG (Linux)
-        except (OSError, AttributeError):
-            pass
-        if os.getppid() != me:  # the watcher died before that took effect
-            os._exit(1)
-        # The server starts as from a shell: the worker's blocked and ignored signals (a Ray worker
-        # blocks SIGINT; Python ignores SIGPIPE; the guard ignores TERM) would otherwise reach it
-        # through exec, and a blocked TERM would make the death signal above wait forever.
-        signal.pthread_sigmask(signal.SIG_SETMASK, set())
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP, signal.SIGPIPE, signal.SIGXFSZ):
-            signal.signal(sig, signal.SIG_DFL)
-        try:
-            os.execvp(argv[0], argv)
-        except OSError as exc:
-            os.write(2, f"cannot start {argv[0]}: {exc}\\n".encode())
-            os._exit(127)
-    repeat(watch(server, outer, f"the guard of this server ({outer})"))
-repeat(watch(watcher, owner, f"the process that started this server ({owner})"))
-""".replace("POLL_S", str(GUARD_POLL_S))
+# The guard (`sweeper/guard.py`) runs by its path, `python -I -S guard.py <owner pid> <grace s> argv...`:
+# isolated (no PYTHON* variables, no user site, not its own folder on sys.path) and without site, it
+# imports the standard library only, whatever environment the server is given.
+GUARD = Path(os.path.abspath(guard.__file__))
 
 
 def free_port() -> int:
@@ -158,11 +95,11 @@ class ServerProcess:
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        guard = [sys.executable, "-I", "-S", "-c", GUARD, str(os.getpid()), str(self.grace_s)]
+        leader = [sys.executable, "-I", "-S", str(GUARD), str(os.getpid()), str(self.grace_s)]
         # The server keeps its own copy of the descriptor: ours is closed once it has started.
         with open(self.log_path, "ab") as log:
             try:
-                self.proc = subprocess.Popen([*guard, *self.argv], env=self.env, cwd=self.cwd,
+                self.proc = subprocess.Popen([*leader, *self.argv], env=self.env, cwd=self.cwd,
                                              stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                              start_new_session=True)
             except OSError as exc:

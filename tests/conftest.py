@@ -44,6 +44,20 @@ def _repo_files() -> set[str]:
     return {line[3:] for line in out.stdout.splitlines() if line.startswith("??")} if out.returncode == 0 else set()
 
 
+# The full tier: what needs a real Ray, several nodes, the real vLLM CPU build, or many generated
+# inputs. The fast tier (`bash scripts/test --fast`, i.e. `-m "not full"`) runs everything else,
+# the drivers through the in-process executor; `.ci/run` runs both.
+FULL_FIXTURES = {"ray_cluster"}
+FULL_MARKERS = {"ray", "vllm", "full"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        uses = set(getattr(item, "fixturenames", ()))
+        if uses & FULL_FIXTURES or {m.name for m in item.iter_markers()} & FULL_MARKERS:
+            item.add_marker(pytest.mark.full)
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     session.config.stash[_BEFORE] = _listing(_USER_CACHE)
     session.config.stash[_REPO_BEFORE] = _repo_files()

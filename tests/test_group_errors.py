@@ -252,3 +252,17 @@ def test_the_folders_of_groups_whose_worker_died_are_removed(tmp_path: Path, mon
         (folder / "server.log").write_text("log")
     assert remove_orphan_workdirs() == [dead]
     assert not dead.exists() and live.exists() and other.exists()
+
+
+def test_the_guard_imports_the_standard_library_only() -> None:
+    """The guard runs as `python -I -S guard.py` under whatever interpreter a node has: nothing of
+    the sweeper nor of site-packages may be needed to start it."""
+    import ast
+
+    from sweeper import server
+
+    tree = ast.parse(server.GUARD.read_text())
+    names = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+             for alias in node.names}
+    names |= {(node.module or "").split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert names and names <= sys.stdlib_module_names | {"__future__"}, names - sys.stdlib_module_names
