@@ -482,7 +482,8 @@ class RunDir:
         return manifest
 
     def manifest_problem(self) -> str | None:
-        """Why manifest.json cannot be read (lost, not JSON, not an object), or None."""
+        """Why manifest.json cannot be read (lost, not JSON, not an object, fitting no manifest version),
+        or None."""
         try:
             self.read_manifest()
         except DamagedManifest as exc:
