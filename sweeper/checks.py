@@ -4,7 +4,8 @@ Pure: no I/O. A check is a function of an `Exchange` (the request as sent, the H
 parsed response, transport error text and the server-log lines carrying this request's id).
 Suites name checks with parameters; `parse_spec` validates those once at load time, and
 `run_check` judges an exchange. Streams must be reassembled into the non-stream response shape
-before they reach a check.
+before they reach a check. An answer that failed on the wire (`sweeper.status.Transport`) fails
+as that: one verdict named `transport: <verdict>`, in place of the checks that read the answer.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import jsonschema
 import jsonschema.exceptions
 import jsonschema.validators
 import referencing.exceptions
+
+from sweeper.status import Transport
 
 DETAIL_MAX = 240  # characters; details land in Parquet rows and terminal tables
 
@@ -46,6 +49,8 @@ class Exchange:
     response: Mapping[str, Any] | None
     error: str | None = None
     log_lines: tuple[str, ...] = ()
+    # How the answer failed on the wire (`error` says what came); None when it came whole.
+    transport: Transport | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,9 @@ class CheckDef:
     fn: Callable[[Mapping[str, Any], Exchange], str | None]
     params: Mapping[str, Param] = field(default_factory=dict)
     requires: Callable[[Mapping[str, Any], Mapping[str, Any]], str | None] | None = None
+    # False for checks that judge no part of the answer's body (the status, the server log): they
+    # are still judged when the answer broke on the wire.
+    reads_body: bool = True
 
 
 # ---------------------------------------------------------------- parameter converters
@@ -392,7 +400,7 @@ _FORMATS = Param("also check string `format`s (date-time, email, …); off becau
                  "backends differ in which formats they enforce", _bool, default=False)
 
 CHECKS: Mapping[str, CheckDef] = MappingProxyType({d.name: d for d in (
-    CheckDef("http_ok", "The server answered HTTP 200.", _http_ok),
+    CheckDef("http_ok", "The server answered HTTP 200.", _http_ok, reads_body=False),
     CheckDef("finish_reason", "choices[0].finish_reason is one of `expected`.", _finish_reason,
              {"expected": Param("a finish reason or a list of them", _str_or_list, default=["stop"])}),
     CheckDef("json_valid", "The content parses as JSON.", _json_valid),
@@ -414,7 +422,7 @@ CHECKS: Mapping[str, CheckDef] = MappingProxyType({d.name: d for d in (
              {"min_calls": Param("fewest tool calls expected", _count, default=1), "formats": _FORMATS},
              requires=_needs_tools),
     CheckDef("log_absent", "No server log line for this request matches `pattern`.", _log_absent,
-             {"pattern": Param("a regular expression", _regex, required=True)}),
+             {"pattern": Param("a regular expression", _regex, required=True)}, reads_body=False),
     CheckDef("content_matches", "The content matches `pattern` (re.search).", _content_matches,
              {"pattern": Param("a regular expression", _regex, required=True)}),
 )})
@@ -454,8 +462,20 @@ def applicability(spec: CheckSpec, body: Mapping[str, Any]) -> str | None:
     return requires(spec.params, body) if requires else None
 
 
+TRANSPORT_LABEL = "transport: "
+
+
+def transport_label(kind: Transport) -> str:
+    """The failed-check name of a wire failure, e.g. `transport: invalid_utf8`: a failure mode of
+    its own, told apart from every check and from the other wire failures."""
+    return f"{TRANSPORT_LABEL}{kind.value}"
+
+
 def run_check(spec: CheckSpec, ex: Exchange) -> Verdict:
     definition = CHECKS[spec.name]
+    if ex.transport is not None and definition.reads_body:
+        return Verdict(spec.name, False, clip(f"not judged: the answer broke on the wire "
+                                              f"({transport_label(ex.transport)}): {ex.error or ''}"))
     if spec.name != "http_ok":
         # A transport failure or an error status is a failure of every check, with the reason.
         if ex.http_status is None or ex.response is None:
@@ -471,4 +491,10 @@ def run_check(spec: CheckSpec, ex: Exchange) -> Verdict:
 
 
 def run_checks(specs: Sequence[CheckSpec], ex: Exchange) -> tuple[Verdict, ...]:
-    return tuple(run_check(spec, ex) for spec in specs)
+    """Every check's verdict. When the answer broke on the wire, the checks that read its body say
+    nothing (they would all fail as consequences): the wire failure is one verdict in their place,
+    and the checks that read no body (`http_ok`, `log_absent`) are judged as always."""
+    if ex.transport is None:
+        return tuple(run_check(spec, ex) for spec in specs)
+    kept = tuple(run_check(spec, ex) for spec in specs if not CHECKS[spec.name].reads_body)
+    return (*kept, Verdict(transport_label(ex.transport), False, clip(ex.error or ex.transport.value)))

@@ -26,6 +26,7 @@ semantics: product -> exclude -> include. Axes that do not apply collapse: a cel
 Serve flag values: `true` gives the bare flag, `false`/`null` leave it out, anything else is
 passed as the flag's value (mappings as JSON). Env values are strings; `null` unsets.
 Request fields are merged into every request body of the suite; `null` removes a field.
+`max_response_mb` (default 16) caps each answer as it is read: a larger one fails its sample.
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ Scalar = str | int | float | bool | None
 # Upper bounds: a value past them is a typo (`repeats: 1e30`), never a plan anyone can run.
 MAX_REPEATS = 1000            # a multiplier of every case's own repeat
 MAX_CONCURRENCY = 4096
+# The response cap's default: far above any chat completion a suite asks for (a 32k-token answer is
+# well under 1 MB), small enough that a worker replaying at full concurrency stays bounded.
+DEFAULT_MAX_RESPONSE_MB = 16.0
+MAX_RESPONSE_MB = 4096
 MAX_GPUS_PER_CELL = 64
 MAX_SPECULATIVE_TOKENS = 128
 MAX_SECONDS = 30 * 86400.0
@@ -141,6 +146,9 @@ class MatrixFile(_Strict):
     repeats: Annotated[Count, pydantic.Field(ge=1, le=MAX_REPEATS)] = 1
     concurrency: Annotated[Count, pydantic.Field(ge=1, le=MAX_CONCURRENCY)] = 8
     timeouts: Timeouts = Timeouts()
+    # No answer is read past this many MB (the replay's memory per request is bounded by it): a
+    # larger one fails its sample as `transport: too_large`.
+    max_response_mb: Annotated[Number, pydantic.Field(gt=0, le=MAX_RESPONSE_MB)] = DEFAULT_MAX_RESPONSE_MB
     axes: dict[str, list[Any]]
     exclude: list[dict[str, Any]] = []
     include: list[dict[str, Any]] = []

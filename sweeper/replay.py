@@ -8,7 +8,6 @@ of a non-streaming response and give a time to first token.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,8 +17,9 @@ from typing import Any
 
 import httpx
 
-# Transport-level trouble is an answer too: it becomes a failed sample, never an exception.
-_TRANSPORT_ERRORS = (httpx.HTTPError, OSError, json.JSONDecodeError)
+from sweeper import transport
+from sweeper.matrix import DEFAULT_MAX_RESPONSE_MB
+from sweeper.status import Transport
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,8 @@ class Reply:
     ttft_s: float | None
     started_at: datetime
     timed_out: bool = False
+    # How the answer failed on the wire (`sweeper.transport`); None when it came whole.
+    transport: Transport | None = None
 
 
 class Abort(StrEnum):
@@ -58,62 +60,33 @@ class ReplayOutcome:
     aborted: Abort | None
 
 
-async def _send(client: httpx.AsyncClient, url: str, req: Request, timeout_s: float) -> Reply:
+async def _send(client: httpx.AsyncClient, url: str, req: Request, timeout_s: float, max_bytes: int) -> Reply:
     started = datetime.now(UTC)
     t0 = time.monotonic()
-    headers = {"X-Request-Id": req.request_id}
-    ttft: float | None = None
-    try:
-        async with asyncio.timeout(timeout_s):
-            if req.body.get("stream"):
-                status, response, ttft_abs = await _stream(client, url, req.body, headers)
-                ttft = None if ttft_abs is None else ttft_abs - t0
-            else:
-                r = await client.post(url, json=dict(req.body), headers=headers)
-                status = r.status_code
-                response = _json_or_none(r.content)
-        error = None if status == 200 else _error_text(response, status)
-        return Reply(req, status, response, error, time.monotonic() - t0, ttft, started)
-    except TimeoutError:
-        return Reply(req, None, None, f"timeout after {timeout_s:g}s", time.monotonic() - t0, ttft, started,
-                     timed_out=True)
-    except _TRANSPORT_ERRORS as exc:
-        return Reply(req, None, None, f"{type(exc).__name__}: {exc}"[:500], time.monotonic() - t0, ttft, started)
+    body = dict(req.body)
+    acc = _StreamAccumulator() if body.get("stream") else None
+    if acc is not None:
+        body.setdefault("stream_options", {"include_usage": True})
+    answer = await transport.exchange(client, url, body, {"X-Request-Id": req.request_id}, timeout_s=timeout_s,
+                                      max_bytes=max_bytes, on_event=acc.add if acc is not None else None)
+    response = acc.response() if acc is not None and answer.status == 200 else answer.response
+    if answer.fault is not None:
+        error: str | None = answer.fault.detail
+    elif answer.status != 200:
+        error = _error_text(response, answer.status, answer.note)
+    else:
+        error = None
+    ttft = acc.first_token_at - t0 if acc is not None and acc.first_token_at is not None else None
+    return Reply(req, answer.status, response, error, time.monotonic() - t0, ttft, started,
+                 timed_out=answer.timed_out, transport=answer.fault.kind if answer.fault else None)
 
 
-def _json_or_none(content: bytes) -> Mapping[str, Any] | None:
-    try:
-        data = json.loads(content)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _error_text(response: Mapping[str, Any] | None, status: int) -> str:
+def _error_text(response: Mapping[str, Any] | None, status: int | None, note: str = "") -> str:
     if response and isinstance(response.get("error"), dict):
         return f"HTTP {status}: {response['error'].get('message', '')}"[:500]
     if response and "message" in response:
         return f"HTTP {status}: {response['message']}"[:500]
-    return f"HTTP {status}"
-
-
-async def _stream(client: httpx.AsyncClient, url: str, body: Mapping[str, Any],
-                  headers: dict[str, str]) -> tuple[int, Mapping[str, Any] | None, float | None]:
-    """Consume an SSE stream; rebuild a chat.completion-shaped response from the chunks."""
-    body = dict(body)
-    body.setdefault("stream_options", {"include_usage": True})
-    async with client.stream("POST", url, json=body, headers=headers) as r:
-        if r.status_code != 200:
-            return r.status_code, _json_or_none(await r.aread()), None
-        acc = _StreamAccumulator()
-        async for line in r.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                break
-            acc.add(json.loads(data))
-        return 200, acc.response(), acc.first_token_at
+    return f"HTTP {status}" + (f" ({note})" if note else "")
 
 
 class _StreamAccumulator:
@@ -170,11 +143,14 @@ class _StreamAccumulator:
 
 async def replay(base_url: str, api_key: str, requests: Sequence[Request], *, concurrency: int,
                  timeout_s: float, alive: Callable[[], bool] = lambda: True,
-                 on_reply: Callable[[Reply], None] | None = None, deadline: float | None = None) -> ReplayOutcome:
+                 on_reply: Callable[[Reply], None] | None = None, deadline: float | None = None,
+                 max_response_mb: float = DEFAULT_MAX_RESPONSE_MB) -> ReplayOutcome:
     """Send `requests`; stop sending when the server dies or every slot is stuck on a timeout.
 
     `deadline` (a `time.monotonic()` value): nothing is sent after it, and a request still waiting
-    then is cut off; cut-off requests are not replies (they count as unsent)."""
+    then is cut off; cut-off requests are not replies (they count as unsent). No answer is read past
+    `max_response_mb`: the memory a replay holds is bounded by that times `concurrency`."""
+    cap = transport.max_bytes(max_response_mb)
     url = f"{base_url}/v1/chat/completions"
     queue: asyncio.Queue[Request] = asyncio.Queue()
     for req in requests:
@@ -197,7 +173,7 @@ async def replay(base_url: str, api_key: str, requests: Sequence[Request], *, co
                     req = queue.get_nowait()
                 except asyncio.QueueEmpty:
                     return
-                reply = await _send(client, url, req, budget)
+                reply = await _send(client, url, req, budget, cap)
                 if reply.timed_out and budget < timeout_s:
                     # Cut off by the deadline, not by the server's slowness: not a sample.
                     aborted = aborted or Abort.DEADLINE

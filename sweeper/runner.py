@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
+import httpx
 import pyarrow as pa
 
 from sweeper import environments, files, fingerprint, metrics, verdict, vllm
@@ -46,8 +47,11 @@ CONTENT_TAIL_CHARS = 200
 _DROP_ENV = re.compile(r"^(RAY_|PYTEST_|COV_)")
 # A server whose engine died answers 500 and exits a moment later (vLLM's API server shuts down
 # once its engine core is gone). A replay that ends on such an answer can finish inside that
-# moment: before calling the server alive, give it this long to exit.
+# moment: before calling the server alive, give it this long to exit, when there is a reason to
+# think it dies (the log shows engine death, or its /health no longer answers 200). A server that
+# answers its health check after a transport error is alive: no wait.
 CRASH_GRACE_S = 5.0
+HEALTH_CHECK_S = 2.0
 # An exception inside a group: its traceback's last characters go into the cells' log_tail.
 TRACEBACK_TAIL_CHARS = 3000
 
@@ -104,6 +108,13 @@ def pack_log(path: Path) -> bytes:
 def _ends_in_server_errors(replies: Sequence[Reply]) -> bool:
     last = replies[-1] if replies else None
     return last is not None and not last.timed_out and (last.http_status is None or last.http_status >= 500)
+
+
+def _healthy(server: ServerProcess) -> bool:
+    try:
+        return httpx.get(f"{server.base_url}/health", timeout=HEALTH_CHECK_S).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def _exits_within(server: ServerProcess, seconds: float) -> bool:
@@ -236,13 +247,14 @@ def _run_group(job: GroupJob, base: _CellBase, cells: Sequence[Cell], log_path: 
             before = metrics.try_scrape(server.base_url, api_key)
             outcome = run_replay(server.base_url, api_key, [r for _, _, r in requests],
                                  concurrency=job.spec.concurrency, timeout_s=job.spec.timeouts.request_s,
-                                 alive=server.alive, on_reply=live.on_reply, deadline=deadline)
+                                 alive=server.alive, on_reply=live.on_reply, deadline=deadline,
+                                 max_response_mb=job.spec.max_response_mb)
             alive_after = server.alive()
             log_text = server.log_text()
             answers = tuple(verdict.Answer(r.http_status, r.error, r.timed_out) for r in outcome.replies)
             # The engine can be dead while the API server still runs: the log or the answers say so.
             died = verdict.engine_dead(log_text, answers)
-            if alive_after and (died or _ends_in_server_errors(outcome.replies)):
+            if alive_after and (died or (_ends_in_server_errors(outcome.replies) and not _healthy(server))):
                 alive_after = not _exits_within(server, CRASH_GRACE_S)
                 log_text = server.log_text()
                 died = died or crash.engine_died(log_text)
@@ -402,7 +414,8 @@ class _CellBase:
     def sample(self, cell: Cell, case: Any, reply: Reply, rid_lines: tuple[str, ...]) -> dict[str, Any]:
         response = reply.response
         verdicts = run_checks(case.checks, Exchange(request=reply.request.body, http_status=reply.http_status,
-                                                    response=response, error=reply.error, log_lines=rid_lines))
+                                                    response=response, error=reply.error, log_lines=rid_lines,
+                                                    transport=reply.transport))
         failed = [v for v in verdicts if not v.passed]
         choice = ((response or {}).get("choices") or [{}])[0] if response else {}
         message = choice.get("message") or {}
@@ -419,7 +432,7 @@ class _CellBase:
             "finish_reason": choice.get("finish_reason"), "prompt_tokens": usage.get("prompt_tokens"),
             "completion_tokens": usage.get("completion_tokens"), "reasoning_tokens": details.get("reasoning_tokens"),
             "latency_s": reply.latency_s, "ttft_s": reply.ttft_s, "http_status": reply.http_status,
-            "error": reply.error, "content_tail": content[-CONTENT_TAIL_CHARS:] if content else None,
+            "error": reply.error, "transport": reply.transport, "content_tail": content[-CONTENT_TAIL_CHARS:] if content else None,
             "log_errors": [ln[-500:] for ln in rid_lines if vllm.is_error_line(ln)],
             "started_at": reply.started_at,
         }
@@ -443,7 +456,8 @@ class _CellBase:
                 "effective_num_speculative_tokens": effective.num_speculative_tokens,
                 "effective_structured_backend": effective.structured_backend,
             }
-        latencies = [s["latency_s"] for s in samples if s["http_status"] == 200]
+        # Answers that came whole: a 200 that broke on the wire (a reset, a cap) has no latency to speak of.
+        latencies = [s["latency_s"] for s in samples if s["http_status"] == 200 and not s.get("transport")]
         ttfts = [s["ttft_s"] for s in samples if s["ttft_s"] is not None]
         finger = finger or {}
         return {

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from sweeper.checks import CHECKS, DETAIL_MAX, Exchange, parse_spec, run_check, run_checks
+from sweeper.checks import CHECKS, DETAIL_MAX, Exchange, parse_spec, run_check, run_checks, transport_label
+from sweeper.status import Transport
 
 SCHEMA = {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "integer"}}},
           "required": ["items"]}
@@ -173,3 +174,26 @@ def test_draft_is_taken_from_the_schema() -> None:
     spec = parse_spec("json_schema", {"schema": draft4})
     assert not run_check(spec, ok("5")).passed
     assert run_check(spec, ok("4")).passed
+
+
+def test_an_answer_broken_on_the_wire_fails_as_that_alone() -> None:
+    """The wire failure is one verdict, named; the checks that read the body are not judged (they
+    would fail as consequences), the status and the server log are judged as always."""
+    specs = [parse_spec("http_ok", None), parse_spec("finish_reason", None), parse_spec("json_schema", None),
+             parse_spec("log_absent", {"pattern": "FSM"})]
+    ex = ok('{"items": [1]}', logs=("ERROR Failed to advance FSM",))
+    broken = Exchange(request=ex.request, http_status=200, response=ex.response, log_lines=ex.log_lines,
+                      error="invalid UTF-8 at byte 12 of the body: b'\\xff'", transport=Transport.INVALID_UTF8)
+    got = {v.check: (v.passed, v.detail) for v in run_checks(specs, broken)}
+    assert got == {"http_ok": (True, ""), "log_absent": (False, "server log: ERROR Failed to advance FSM"),
+                   "transport: invalid_utf8": (False, "invalid UTF-8 at byte 12 of the body: b'\\xff'")}
+    # Asked alone, a check that reads the body says why it was not judged.
+    verdict = run_check(parse_spec("finish_reason", None), broken)
+    assert not verdict.passed and verdict.detail.startswith("not judged: the answer broke on the wire "
+                                                            "(transport: invalid_utf8)")
+    # No status line at all: http_ok fails too, with the wire's words.
+    reset = Exchange(request=ex.request, http_status=None, response=None, error="the server reset the connection "
+                     "before answering", transport=Transport.RESET)
+    assert [(v.check, v.passed) for v in run_checks(specs[:2], reset)] == [("http_ok", False),
+                                                                           ("transport: reset", False)]
+    assert transport_label(Transport.TOO_LARGE) == "transport: too_large"

@@ -101,7 +101,7 @@ def test_serve_values_true_false_null(tmp_path):
 @pytest.mark.parametrize("text,message", [
     (BASE + "axes:\n  commit: [v1]\nbogus: 1\n",
      ("m.yaml:6: bogus: unknown key; expected one of: name, description, model, suite, install, serve, env, "
-      "request, spec_config, gpus_per_cell, repeats, concurrency, timeouts, axes, exclude, include")),
+      "request, spec_config, gpus_per_cell, repeats, concurrency, timeouts, max_response_mb, axes, exclude, include")),
     (BASE + "axes:\n  commit: []\n", "m.yaml:5: axes.commit: empty axis: expected at least one value"),
     (BASE + "axes:\n  colour: [red]\n",
      ("m.yaml:5: axes.colour: unknown axis; expected one of commit, spec_method, num_speculative_tokens, "
@@ -115,6 +115,8 @@ def test_serve_values_true_false_null(tmp_path):
     (BASE + "axes:\n  commit: [v1\n", "m.yaml:6: invalid YAML: did not find expected ',' or ']'"),
     (BASE + "gpus_per_cell: -1\naxes:\n  commit: [v1]\n",
      "m.yaml:4: gpus_per_cell: Input should be greater than or equal to 0, got -1"),
+    (BASE + "max_response_mb: 0\naxes:\n  commit: [v1]\n",
+     "m.yaml:4: max_response_mb: Input should be greater than 0, got 0"),
     ("model: m\nsuite: s.yaml\ninstall: {kind: docker}\naxes:\n  commit: [v1]\n",
      "m.yaml:3: install.kind: expected one of 'sim', 'preinstalled', 'wheels', 'source' or 'pip', got 'docker'"),
     (BASE + "axes:\n  commit: [v1]\nexclude:\n  - {spec_method: mtp}\n",

@@ -34,7 +34,9 @@ from sweeper.suite import Suite
 
 _NO_ANSWER = "http_ok"
 START_CASE = "(server start)"
-_SERVER_LABELS = ("crash: ", "refused: ")
+# Labels no case's checks name, that any case can show: a crash, a refused start, an answer that
+# broke on the wire (`sweeper.checks.transport_label`).
+_SERVER_LABELS = ("crash: ", "refused: ", "transport: ")
 _KEEP_PARAM = {"log_absent": "pattern", "content_matches": "pattern"}
 SEP = " + "
 
