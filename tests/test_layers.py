@@ -39,7 +39,7 @@ EXECUTION = frozenset({
     "sweeper.executor", "sweeper.cluster", "sweeper.inprocess", "sweeper.runner", "sweeper.server",
     "sweeper.replay", "sweeper.metrics", "sweeper.environments", "sweeper.fingerprint", "sweeper.gitrepo",
     "sweeper.history", "sweeper.repos", "sweeper.portable", "sweeper.tinymodel", "sweeper.vllm.supported",
-    "sweeper.guard",
+    "sweeper.guard", "sweeper.transport",
 })
 
 
