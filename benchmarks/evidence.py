@@ -30,10 +30,11 @@ from countingfs import Counting
 
 
 def write_run(runs: Path, run_id: str, settings: list[str], shas: list[str], digest: str, rows: int) -> None:
+    from sweeper.records import SweepManifest
     from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, RunDir, table
 
     run = RunDir(runs / run_id)
-    run.write_manifest({"run_id": run_id, "kind": "matrix"})
+    run.write_manifest(SweepManifest(run_id=run_id))
     for s, key in enumerate(settings):
         for c, sha in enumerate(shas):
             group = f"g{s}-{c}"

@@ -37,6 +37,7 @@ def generate(runs_dir: Path, rows: int, seed: int = 0) -> Path:
     import pyarrow.compute as pc
 
     from sweeper.matrix import canonical
+    from sweeper.records import SweepManifest
     from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, RunDir, table
 
     rng = np.random.default_rng(seed)
@@ -44,8 +45,8 @@ def generate(runs_dir: Path, rows: int, seed: int = 0) -> Path:
     shutil.rmtree(run.root, ignore_errors=True)
     cells_total = len(COMMITS) * len(SPECS) * len(RUNNERS) * len(TEMPERATURES)
     per_cell = max(1, rows // cells_total)
-    run.write_manifest({"run_id": "scale", "kind": "matrix", "commits": {c: None for c in COMMITS},
-                        "matrix": {"axes": {"commit": COMMITS}}, "suite": "synthetic", "suite_digest": "0" * 64})
+    run.write_manifest(SweepManifest(run_id="scale", commits=dict.fromkeys(COMMITS), matrix={"axes": {"commit": COMMITS}},
+                                     suite="synthetic", suite_digest="0" * 64))
     fields = {f.name: f.type for f in SAMPLE_SCHEMA}
     for ci, commit in enumerate(COMMITS):
         for spec, nst in SPECS:

@@ -33,6 +33,7 @@ from sweeper.explain import (
     display_axis,
     value_text,
 )
+from sweeper.records import Manifest
 from sweeper.stats import wilson
 from sweeper.store import RunDir
 
@@ -98,7 +99,7 @@ def _settings(matrix: Mapping[str, Any]) -> Iterable[tuple[str, Any]]:
 @dataclass
 class _Context:
     run: RunDir
-    manifest: dict[str, Any]
+    manifest: Manifest
     samples: pd.DataFrame
     cells: pd.DataFrame
     classified: Classified
@@ -143,29 +144,28 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def rebuild_cell(manifest: Mapping[str, Any], axes: Mapping[str, Any]) -> Any:
+def rebuild_cell(manifest: Manifest, axes: Mapping[str, Any]) -> Any:
     """The matrix cell with these axis values, rebuilt from the matrix stored in the manifest."""
     from sweeper.matrix import MatrixFile, make_cell
 
-    spec = MatrixFile.model_validate(manifest.get("matrix") or {})
-    order = list((manifest.get("matrix") or {}).get("axes") or axes)
+    spec = MatrixFile.model_validate(manifest.matrix)
+    order = list(manifest.matrix.get("axes") or axes)
     return spec, make_cell(spec, dict(axes), order)
 
 
-def serve_command(manifest: Mapping[str, Any], axes: Mapping[str, Any], redact: Redactor) -> tuple[list[str], dict[str, str]]:
+def serve_command(manifest: Manifest, axes: Mapping[str, Any], redact: Redactor) -> tuple[list[str], dict[str, str]]:
     """`vllm serve` argv and the environment that started this cell's server (without the API key
     the sweeper adds for itself)."""
-    from sweeper.environments import Installed
+    from sweeper.vllm.flags import Command
     from sweeper.vllm.flags import serve_command as command
 
     spec, cell = rebuild_cell(manifest, axes)
-    launch = command(cell, model=spec.model, spec_config=spec.spec_config,
-                     installed=Installed(commit=cell.commit, sha=None, launch=("vllm", "serve")),
+    launch = command(cell, model=spec.model, spec_config=spec.spec_config, installed=Command(("vllm", "serve")),
                      host="127.0.0.1", port=8000, api_key=None)
     return redact.argv(launch.argv), redact.env(dict(launch.env))
 
 
-def request_body(manifest: Mapping[str, Any], axes: Mapping[str, Any], case_id: str, suite: Any) -> dict[str, Any] | None:
+def request_body(manifest: Manifest, axes: Mapping[str, Any], case_id: str, suite: Any) -> dict[str, Any] | None:
     """The request this case sent in this cell: the suite's body with the cell's request fields."""
     if suite is None:
         return None
@@ -237,7 +237,7 @@ def issue_markdown(run: RunDir, *, mode: str | None = None, runs_dir: str | Path
     suite = report.run_suite(run)
     explanation = report.explain_run(run, samples, cells)
     ctx = _Context(run, manifest, samples.reset_index(drop=True), cells, classify(samples.reset_index(drop=True), suite),
-                   explanation, Redactor(manifest.get("matrix")))
+                   explanation, Redactor(manifest.matrix))
     m = pick_mode(explanation, mode)
     cell_id, count = m.failing_cells[0]
     cell = cells[cells["cell_id"] == cell_id].iloc[0].to_dict() if (cells["cell_id"] == cell_id).any() else {}

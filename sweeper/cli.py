@@ -150,7 +150,7 @@ def report_cmd(
     from sweeper.store import open_run
 
     run = open_run(runs_dir, run_id, create=False) if run_id else analysis.latest_run(runs_dir)
-    run.manifest_or_empty()  # results of another schema version: one line, stop
+    run.manifest_or_none()  # results of another schema version: one line, stop
     warn_damage(run)
     if issue:
         from sweeper.bugreport import issue_markdown

@@ -38,6 +38,7 @@ import filelock
 import yaml
 
 from sweeper import files, gitrepo
+from sweeper.envinfo import EnvInfo
 from sweeper.errors import ConfigError, GitError, InstallError
 from sweeper.matrix import Install
 
@@ -69,23 +70,6 @@ class Installed:
 
     def __hash__(self) -> int:
         return hash((self.commit, self.sha, self.launch, tuple(sorted(self.env.items())), self.root))
-
-
-@dataclass(frozen=True)
-class EnvInfo:
-    """One cached environment, for `sweep cache list`."""
-
-    key: str
-    kind: str
-    commit: str
-    sha: str | None
-    version: str | None
-    root: str
-    size_bytes: int
-    created: float
-    last_used: float
-    in_use: bool
-    complete: bool
 
 
 def default_cache_dir() -> Path:

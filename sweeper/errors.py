@@ -82,6 +82,10 @@ class StoreError(SweepError):
     """Results on disk are missing, of another schema version, or inconsistent."""
 
 
+class RecordError(StoreError):
+    """A stored record (a run's manifest) that fits no version this sweeper reads: damage."""
+
+
 class BisectError(SweepError):
     """A bisect cannot start or continue (bad endpoints, ambiguous cell, ...)."""
 

@@ -26,6 +26,7 @@ import pandas as pd
 from sweeper import __version__, analysis, files
 from sweeper.bugreport import REDACTED, Redactor, log_lines
 from sweeper.explain import Classified, Explanation, Verdict, classify, describe, display_axis, value_text
+from sweeper.records import BisectManifest, Manifest, SweepManifest
 from sweeper.stats import wilson
 from sweeper.status import Status
 from sweeper.store import RunDir
@@ -73,7 +74,7 @@ def color(rate: float | None) -> str:
 @dataclass
 class _Run:
     run: RunDir
-    manifest: dict[str, Any]
+    manifest: Manifest | None  # None: damaged (the page shows what the results hold)
     samples: pd.DataFrame
     cells: pd.DataFrame
     order: list[str]
@@ -88,7 +89,7 @@ class _Run:
 def load(run: RunDir) -> _Run:
     from sweeper import report
 
-    manifest = run.manifest_or_empty()
+    manifest = run.manifest_or_none()
     samples = analysis.load_samples(run).reset_index(drop=True)
     cells = analysis.load_cells(run)
     suite = report.run_suite(run)
@@ -104,19 +105,21 @@ def load(run: RunDir) -> _Run:
 
 def _summary(r: _Run) -> str:
     m = r.manifest
-    matrix = m.get("matrix") or {}
+    matrix = m.matrix if m else {}
     statuses = r.cells["status"].value_counts().to_dict() if not r.cells.empty else {}
     failed = int((~r.samples["passed"].astype(bool)).sum()) if not r.samples.empty else 0
-    rows = [("run", r.run.run_id), ("kind", m.get("kind")), ("created", m.get("created")),
-            ("matrix", f"{matrix.get('name') or ''} ({m.get('matrix_path')})"), ("description", matrix.get("description")),
-            ("model", matrix.get("model")), ("suite", m.get("suite") or matrix.get("suite")),
+    suite = m.suite if isinstance(m, SweepManifest) else None
+    rows = [("run", r.run.run_id), ("kind", m.kind if m else None), ("created", m.created if m else None),
+            ("matrix", f"{matrix.get('name') or ''} ({m.matrix_path if m else None})"),
+            ("description", matrix.get("description")), ("model", matrix.get("model")),
+            ("suite", suite or matrix.get("suite")),
             ("cells", f"{len(r.cells):,} — " + ", ".join(f"{v} {k}" for k, v in sorted(statuses.items()))),
-            ("samples", f"{len(r.samples):,}, {failed:,} failing"), ("sweeper", m.get("sweeper"))]
-    if m.get("kind") == "bisect":
-        rows.insert(2, ("range", (f"{m.get('good')} ({str(m.get('good_sha'))[:10]}) .. {m.get('bad')} "
-                                 f"({str(m.get('bad_sha'))[:10]}), {len(m.get('commits') or []) - 1} commits")))
-    commits = m.get("commits")
-    if isinstance(commits, dict):
+            ("samples", f"{len(r.samples):,}, {failed:,} failing"), ("sweeper", m.sweeper if m else None)]
+    if isinstance(m, BisectManifest):
+        rows.insert(2, ("range", (f"{m.good} ({str(m.good_sha)[:10]}) .. {m.bad} "
+                                 f"({str(m.bad_sha)[:10]}), {len(m.commits or ()) - 1} commits")))
+    commits = m.commits if isinstance(m, SweepManifest) else None
+    if commits is not None:
         rows.append(("commits", ", ".join(f"{c} = {str(commits.get(c) or '?')[:12]}" for c in r.order if c in commits)))
     body = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in rows if v not in (None, ""))
     return f'<section id="summary"><h2>Run</h2><table class="kv">{body}</table></section>'
@@ -359,7 +362,7 @@ def _bisect(r: _Run) -> str:
     summary = r.run.read_json("bisect.json")
     if not isinstance(summary, dict):
         return '<section id="bisect"><h2>Bisect</h2><p class="bad">bisect.json unreadable</p></section>'
-    commits = [str(c) for c in r.manifest.get("commits") or []]
+    commits = list(r.manifest.commits or ()) if isinstance(r.manifest, BisectManifest) else []
     position = {c: i for i, c in enumerate(commits)}
     probes = analysis.load_table(r.run, "probes").to_pandas()
     parts = [(f'<section id="bisect"><h2>Bisect</h2><p class="muted">{len(commits) - 1} commits after good; '
@@ -495,7 +498,7 @@ document.body.classList.toggle('only-failing',box.checked);});}});
 def render(run: RunDir) -> str:
     """The whole page as one string."""
     r = load(run)
-    redact = Redactor(r.manifest.get("matrix"))
+    redact = Redactor(r.manifest.matrix if r.manifest else None)
     sections = [_summary(r), _fingerprint(r), _explanation(r), _heatmaps(r), _bisect(r), _cells(r)]
     nav = "".join(f'<a href="#{s}">{s}</a>' for s in ("summary", "environment", "explanation", "heatmaps", "bisect", "cells")
                   if any(f'id="{s}"' in x for x in sections))

@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 from rich.table import Table
 
-from sweeper import gitrepo
-from sweeper.environments import EnvInfo
+from sweeper.envinfo import EnvInfo
 from sweeper.errors import SweepError
 from sweeper.matrix import resolve_path
+from sweeper.records import BisectManifest, SweepManifest
 from sweeper.stats import wilson
 from sweeper.status import Status
 from sweeper.store import RunDir
@@ -284,41 +284,32 @@ def run_suite(run: RunDir) -> Suite | None:
     digest differs), so failure modes then tell checks apart by name only."""
     from sweeper.suite import load_suites
 
-    manifest = run.manifest_or_empty()
-    paths = manifest.get("suite_path")
+    manifest = run.manifest_or_none()
+    if manifest is None:
+        return None
+    paths = list(manifest.suite_path or ()) if isinstance(manifest, SweepManifest) else []
     if not paths:  # a bisect's manifest names the matrix, whose suite paths are relative to it
-        names = (manifest.get("matrix") or {}).get("suite") or []
+        names = manifest.matrix.get("suite") or []
         names = [names] if isinstance(names, str) else list(names)
-        paths = [str(resolve_path(str(manifest.get("matrix_path", "")), str(n))) for n in names]
+        paths = [str(resolve_path(manifest.matrix_path or "", str(n))) for n in names]
     try:
         suite = load_suites(tuple(Path(p) for p in paths))
     except (SweepError, OSError):
         return None
-    return suite if suite.digest == manifest.get("suite_digest") else None
+    return suite if suite.digest == manifest.suite_digest else None
 
 
 def commit_order(run: RunDir, present: Iterable[str] = ()) -> list[str]:
-    """The run's commits oldest first: a bisect's range as stored; a sweep's refs by their depth in
-    the repository (`git rev-list --count`), else as the matrix lists them. Commits in `present`
-    that the manifest does not name come last."""
-    manifest = run.manifest_or_empty()
-    known = manifest.get("commits")
-    if isinstance(known, list):
-        order = [str(c) for c in known]
+    """The run's commits oldest first: a bisect's range as stored; a sweep's refs in the history
+    order its plan learnt from the repository (`sweeper.sweep.history_order`), else as the matrix
+    lists them. Commits in `present` that the manifest does not name come last."""
+    manifest = run.manifest_or_none()
+    if isinstance(manifest, BisectManifest):
+        order = list(manifest.commits or ())
+    elif manifest is not None:
+        order = list(manifest.commit_order or manifest.axis_commits())
     else:
-        refs = {str(k): v for k, v in dict(known or {}).items()}
-        axis = [str(c) for c in ((manifest.get("matrix") or {}).get("axes") or {}).get("commit") or refs]
-        depth: dict[str, int] = {}
-        repo = manifest.get("repo")
-        if repo and Path(repo).is_dir():
-            for ref, sha in refs.items():
-                try:
-                    depth[ref] = int(gitrepo.git(repo, "rev-list", "--count", str(sha))) if sha else -1
-                except (SweepError, ValueError):
-                    depth[ref] = -1
-        if axis and all(depth.get(r, -1) >= 0 for r in axis):
-            axis = sorted(axis, key=lambda r: (depth[r], axis.index(r)))
-        order = axis
+        order = []
     return order + [c for c in dict.fromkeys(present) if c not in order]
 
 

@@ -40,6 +40,7 @@ from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, table
 from sweeper.suite import Suite, expand
 from sweeper.vllm import crash
 from sweeper.vllm.logs import LogIndex
+from sweeper.vllm.supported import supported_flags
 
 CONTENT_TAIL_CHARS = 200
 # Env the sweeper's own process carries that must not leak into a server (Ray's, the driver's).
@@ -219,7 +220,7 @@ def _run_group(job: GroupJob, base: _CellBase, cells: Sequence[Cell], log_path: 
         # The installed version's own `--help` (cached per environment) says which flags it takes.
         launch = vllm.serve_command(group.head, model=job.spec.model, spec_config=job.spec.spec_config,
                                     installed=installed, host="127.0.0.1", port=port, api_key=api_key,
-                                    supported=vllm.supported_flags(installed))
+                                    supported=supported_flags(installed))
     except SweepError as exc:
         # A flag this version cannot take: reported before any server (or GPU time) is spent.
         return base.failed(Status.SERVER_FAILED, str(exc), "", time.monotonic() - t_start)

@@ -4,7 +4,7 @@ A run's damage is what `RunDir.scan` finds: a manifest that is lost, not JSON or
 group whose cells or samples file does not read, is of another schema version, or holds other than
 the rows (and bytes) recorded when it was written; a probes file that does not read. Damaged groups
 are run again by `sweep matrix MATRIX --resume RUN` (their files moved aside first, never deleted);
-a manifest is rebuilt here from the matrix file and what the results recorded.
+a manifest is rebuilt (`sweeper.repair`) from the matrix file and what the results recorded.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from sweeper.errors import StoreError, SweepError, clip
-from sweeper.store import MANIFEST, Damage, RunDir, Scan, now_utc, open_run
+from sweeper.records import BisectManifest
+from sweeper.store import RunDir, Scan, open_run
 
 
 @dataclass
@@ -50,7 +50,8 @@ def repair(runs_dir: str | os.PathLike[str], run_id: str, matrix: Path | None = 
         out.append(f"run {run_id}: manifest.json is sound; nothing rebuilt")
     groups = [d for d in run.scan(manifest=False).damage]
     if groups:
-        path = matrix or Path(str(run.manifest_or_empty().get("matrix_path") or "MATRIX"))
+        manifest = run.manifest_or_none()
+        path = matrix or Path(manifest.matrix_path if manifest and manifest.matrix_path else "MATRIX")
         out += [f"{d}: `sweep matrix {path} --resume {run_id}` runs it again" for d in groups]
     if not out:
         out.append(f"run {run_id}: nothing to repair")
@@ -58,12 +59,12 @@ def repair(runs_dir: str | os.PathLike[str], run_id: str, matrix: Path | None = 
 
 
 def _rebuild(run: RunDir, runs_dir: str | os.PathLike[str], matrix: Path | None) -> str:
-    from sweeper.sweep import make_plan, rebuild_manifest
+    from sweeper.sweep import make_plan
 
     recorded = run.recorded_manifests()
     where = run.manifest_file
     if matrix is None:
-        paths = {str(r.get("matrix_path")) for r in recorded if r.get("matrix_path")}
+        paths = {r.matrix_path for r in recorded if r.matrix_path}
         if not paths:
             raise StoreError(f"cannot rebuild {where}: no result file records the matrix that made the run "
                              "(it wrote no group, or was written by an older sweep); pass --matrix FILE")
@@ -73,28 +74,13 @@ def _rebuild(run: RunDir, runs_dir: str | os.PathLike[str], matrix: Path | None)
         if not matrix.is_file():
             raise StoreError(f"cannot rebuild {where}: the matrix that made the run, {clip(str(matrix), 200)}, "
                              "is gone; pass --matrix FILE with that matrix")
-    kinds = {r.get("kind") for r in recorded}
-    if kinds == {"bisect"}:
-        return _rebuild_bisect(run, recorded[0], matrix)
+    bisects = [r for r in recorded if isinstance(r, BisectManifest)]
+    if bisects and len(bisects) == len(recorded):
+        from sweeper.repair import rebuild_bisect
+
+        return rebuild_bisect(run, bisects[0], matrix)
     try:
         plan = make_plan(matrix, os.fspath(runs_dir))
     except SweepError as exc:
         raise StoreError(f"cannot rebuild {where}: {exc}") from None
-    return rebuild_manifest(run, plan)
-
-
-def _rebuild_bisect(run: RunDir, recorded: dict[str, Any], matrix_path: Path) -> str:
-    """A bisect's manifest: everything it recorded, with the matrix read again."""
-    from sweeper.matrix import load_matrix
-
-    needed = {"good_sha", "bad_sha", "commits", "settings_keys", "cells", "suite_digest"}
-    missing = sorted(needed - set(recorded))
-    if missing:
-        raise StoreError(f"cannot rebuild {run.manifest_file}: the results do not record {', '.join(missing)}")
-    matrix = load_matrix(matrix_path)
-    data = {**recorded, "matrix": matrix.raw, "matrix_path": str(matrix.path),
-            "repaired": {"at": now_utc().isoformat(), "matrix_path": str(matrix.path)}}
-    if run.manifest_file.exists():
-        run.move_aside([Damage(run.run_id, MANIFEST, "damaged", (MANIFEST,))])
-    run.write_manifest(data)
-    return f"run {run.run_id}: manifest.json rebuilt from the results and {matrix.path}"
+    return plan.rebuild_manifest(run)

@@ -8,11 +8,13 @@ both files check out. Each file's metadata records its row count; the cells file
 samples file's row count and size and the run's manifest (all but the matrix), so damage is found
 when a file is read and a lost manifest can be rebuilt. Damaged files are moved aside, never deleted.
 After each Parquet file it writes (or moves aside), the run's catalogue (`sweeper.catalogue`) is
-updated: which settings, suite and commits each file holds.
+updated: which settings, suite and commits each file holds. The manifest is a typed record
+(`sweeper.records`): this is the only module that reads or writes `manifest.json`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -29,7 +31,8 @@ import pyarrow.parquet as pq
 
 from sweeper import __version__
 from sweeper.catalogue import INDEXED, RunCatalogue, keys_of, parquet_listing
-from sweeper.errors import StoreError, clip, one_line
+from sweeper.errors import RecordError, StoreError, clip, one_line
+from sweeper.records import Host, Manifest, Retry, SweepManifest, from_json, to_json
 from sweeper.storage import Location, is_temp_name
 
 SCHEMA_VERSION = 1
@@ -202,7 +205,7 @@ _MANIFEST_LIMIT = 64 * 2**20
 
 
 class DamagedManifest(StoreError):
-    """manifest.json is missing, not JSON, or not a JSON object."""
+    """manifest.json is missing, not JSON, not a JSON object, or fits no manifest version."""
 
 
 @dataclass(frozen=True)
@@ -428,18 +431,19 @@ class RunDir:
         """Groups whose results are complete and sound (the cells file is written after the samples file)."""
         return set(self.scan(probes=False, manifest=False).groups)
 
-    def recorded_manifests(self) -> list[dict[str, Any]]:
-        """The manifests (all but the matrix) that the cells files recorded when written, from every
-        cells file whose footer reads: what a lost manifest is rebuilt from."""
+    def recorded_manifests(self) -> list[Manifest]:
+        """The manifests (all but the matrix; a value too large to keep is None) that the cells files
+        recorded when written, from every cells file whose footer reads: what a lost manifest is
+        rebuilt from."""
         out = []
         for name, info in self.listing("cells").items():
             raw = check_parquet(self.file("cells", f"{name}.parquet"), info).meta.get("sweeper.run")
             try:
                 data = json.loads(raw) if raw else None
-            except ValueError:
-                data = None
-            if isinstance(data, dict):
-                out.append(data)
+                if isinstance(data, dict):
+                    out.append(from_json(data))
+            except (ValueError, RecursionError, StoreError):
+                continue  # a copy that does not read is no evidence
         return out
 
     def read_bytes(self, *parts: str, limit: int | None = None) -> bytes:
@@ -452,7 +456,7 @@ class RunDir:
         except (FileNotFoundError, StoreError, UnicodeDecodeError, ValueError, RecursionError):
             return None
 
-    def read_manifest(self) -> dict[str, Any]:
+    def read_manifest(self) -> Manifest:
         where = self.manifest_file.shown
         fix = f"`sweep runs repair {self.run_id}` rebuilds it"
         try:
@@ -471,11 +475,18 @@ class RunDir:
         if version != SCHEMA_VERSION:
             raise StoreError(f"{where}: results of schema version {clip(version)}, this sweep reads "
                              f"{SCHEMA_VERSION}; use the sweeper version that wrote them")
-        self._identity = _identity(data)
-        return data
+        try:
+            manifest = from_json(data)
+        except RecordError as exc:
+            raise DamagedManifest(f"{where}: damaged manifest, {exc}; {fix}") from None
+        except StoreError as exc:
+            raise StoreError(f"{where}: {exc}") from None
+        self._identity = _identity(manifest)
+        return manifest
 
     def manifest_problem(self) -> str | None:
-        """Why manifest.json cannot be read (lost, not JSON, not an object), or None."""
+        """Why manifest.json cannot be read (lost, not JSON, not an object, fitting no manifest version),
+        or None."""
         try:
             self.read_manifest()
         except DamagedManifest as exc:
@@ -484,12 +495,12 @@ class RunDir:
             return None  # readable, of another schema version: not damage
         return None
 
-    def manifest_or_empty(self) -> dict[str, Any]:
-        """The manifest, or {} when it is damaged (readers that can do without it)."""
+    def manifest_or_none(self) -> Manifest | None:
+        """The manifest, or None when it is damaged (readers that can do without it)."""
         try:
             return self.read_manifest()
         except DamagedManifest:
-            return {}
+            return None
 
     # ---- writing -------------------------------------------------------------------------------
 
@@ -540,10 +551,21 @@ class RunDir:
         the driver, never on a worker, wherever the run is."""
         self.file("logs", f"{name}.log").write_atomic(text.encode("utf-8"))
 
-    def write_manifest(self, data: Mapping[str, Any]) -> None:
-        full = {**data, "schema_version": SCHEMA_VERSION}
-        write_json_atomic(full, self.manifest_file)
-        self._identity = _identity(full)
+    def write_manifest(self, manifest: Manifest) -> None:
+        """manifest.json, atomically. `created`, `sweeper` and `host` left None are stamped: now, this
+        sweeper, this machine."""
+        manifest = dataclasses.replace(manifest, created=manifest.created or now_utc().isoformat(),
+                                       sweeper=manifest.sweeper or __version__, host=manifest.host or host_info())
+        write_json_atomic({**to_json(manifest), "schema_version": SCHEMA_VERSION}, self.manifest_file)
+        self._identity = _identity(manifest)
+
+    def record_retry(self, group_id: str, attempt: int, error: str) -> None:
+        """A group lost with its node or worker and submitted again: the sweep's manifest lists it."""
+        manifest = self.read_manifest()
+        if not isinstance(manifest, SweepManifest):
+            raise StoreError(f"{self.manifest_file.shown}: a {manifest.kind} run records no retried groups")
+        retry = Retry(group_id, attempt, error, now_utc().isoformat())
+        self.write_manifest(dataclasses.replace(manifest, retried=(*manifest.retried, retry)))
 
     def read_log(self, name: str) -> str | None:
         """A server log's text (`name` without `.log`), wherever the run is; None when absent."""
@@ -580,9 +602,9 @@ class RunDir:
                     self.fs.delete_file(info.path)
 
 
-def _identity(manifest: Mapping[str, Any]) -> dict[str, Any]:
+def _identity(manifest: Manifest) -> dict[str, Any]:
     out = {}
-    for key, value in manifest.items():
+    for key, value in {**to_json(manifest), "schema_version": SCHEMA_VERSION}.items():
         if key == "matrix":
             continue
         if len(json.dumps(value, default=str)) <= _IDENTITY_LIMIT:
@@ -609,8 +631,8 @@ def open_run(runs_dir: str | os.PathLike[str] | Location, run_id: str, *, create
     return RunDir(root)
 
 
-def host_info() -> dict[str, str]:
-    return {"hostname": socket.gethostname(), "sweeper": __version__}
+def host_info() -> Host:
+    return Host(socket.gethostname(), __version__)
 
 
 def now_utc() -> datetime:

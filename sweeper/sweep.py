@@ -8,22 +8,20 @@ without stored results.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import pyarrow.dataset as ds
-
-from sweeper import __version__, gitrepo, history
-from sweeper.errors import ConfigError, GitError, Interrupted, StoreError, clip
+from sweeper import gitrepo, history
+from sweeper.errors import ConfigError, GitError, Interrupted, StoreError, SweepError
 from sweeper.executor import ExecutorFactory, choose
 from sweeper.matrix import Matrix, MatrixFile, ServerGroup, canonical, load_matrix, short_hash
 from sweeper.portable import RepoSource, portable_spec, repo_source
+from sweeper.records import SweepManifest, commit_axis
+from sweeper.repair import rebuild_sweep
 from sweeper.repos import repo_for
 from sweeper.runner import GroupJob, GroupResult
-from sweeper.storage import Location
-from sweeper.store import SAMPLE_SCHEMA, RunDir, check_parquet, host_info, new_run_id, now_utc, open_run
+from sweeper.store import RunDir, new_run_id, open_run
 from sweeper.suite import Suite, load_suites
 
 
@@ -34,6 +32,7 @@ class Plan:
     repo: Path | None
     shas: dict[str, str | None]
     groups: tuple[ServerGroup, ...]
+    commit_order: tuple[str, ...] | None = None  # the commit axis oldest first, where the repository tells
 
     @property
     def job_spec(self) -> MatrixFile:
@@ -49,6 +48,18 @@ class Plan:
 
     def requests_per_cell(self) -> int:
         return sum(c.repeat for c in self.suite.cases) * self.matrix.spec.repeats
+
+    def manifest(self, run_id: str) -> SweepManifest:
+        """What a run of this plan records (the store stamps when, where and by which sweeper)."""
+        return SweepManifest(
+            run_id=run_id, matrix_path=str(self.matrix.path), matrix=self.matrix.raw,
+            matrix_digest=short_hash(self.matrix.raw, 16), suite_path=tuple(str(p) for p in self.matrix.suite_paths),
+            suite=self.suite.name, suite_digest=self.suite.digest, commits=self.shas, commit_order=self.commit_order,
+            repo=str(self.repo) if self.repo else None, cells=len(self.matrix.cells), groups=len(self.groups))
+
+    def rebuild_manifest(self, run: RunDir) -> str:
+        """`run`'s lost or damaged manifest made anew from this plan, once its results agree."""
+        return rebuild_sweep(run, self.manifest(run.run_id), {c.cell_id for c in self.matrix.cells})
 
 
 @dataclass
@@ -86,78 +97,25 @@ def make_plan(matrix_path: str | Path, runs_dir: str | Path, *, resolve: bool = 
                 shas[ref] = gitrepo.resolve(repo, ref)
             except GitError as exc:
                 raise ConfigError(str(exc), file=matrix.path, key="axes.commit") from None
-    return Plan(matrix, suite, repo, shas, matrix.groups())
+    order = history_order(repo, commit_axis(matrix.raw, shas), shas)
+    return Plan(matrix, suite, repo, shas, matrix.groups(), order)
 
 
-def manifest(plan: Plan, run_id: str) -> dict[str, Any]:
-    return {
-        "run_id": run_id, "kind": "matrix", "created": now_utc().isoformat(), "sweeper": __version__,
-        "host": host_info(), "matrix_path": str(plan.matrix.path), "matrix": plan.matrix.raw,
-        "matrix_digest": short_hash(plan.matrix.raw, 16), "suite_path": [str(p) for p in plan.matrix.suite_paths],
-        "suite": plan.suite.name, "suite_digest": plan.suite.digest,
-        "commits": plan.shas, "repo": str(plan.repo) if plan.repo else None,
-        "cells": len(plan.matrix.cells), "groups": len(plan.groups),
-    }
-
-
-def rebuild_manifest(run: RunDir, plan: Plan) -> str:
-    """Write `run`'s lost or damaged manifest.json anew from `plan`, once the results say they were
-    made from it: the manifest each cells file recorded (matrix and suite digests, resolved commits),
-    and the cells' own ids, suite digests and commit shas. Raises StoreError saying what disagrees."""
-    from sweeper import analysis
-
-    where = run.manifest_file
-    digest = short_hash(plan.matrix.raw, 16)
-    recorded = run.recorded_manifests()
-    why = []
-    for rec in recorded:
-        if rec.get("kind", "matrix") != "matrix":
-            why.append(f"the results are of a {clip(rec.get('kind'))} run, not a sweep")
-        if rec.get("matrix_digest") not in (None, digest):
-            why.append(f"the results were made from another matrix (digest {clip(rec.get('matrix_digest'))}; "
-                       f"{plan.matrix.path} now has {digest}): pass the matrix as it was")
-        if rec.get("suite_digest") not in (None, plan.suite.digest):
-            why.append("the results were made with another suite (its digest differs)")
-        if rec.get("commits") not in (None, plan.shas):
-            why.append(f"the results' commits {canonical(rec.get('commits'))[:200]} differ from what the refs "
-                       "resolve to now")
-    # Every result row that reads: the cells of sound groups, the samples of every group (those
-    # of a group cut short between its two writes too).
-    columns = ["cell_id", "suite_digest", "commit", "commit_sha"]
-    facts = analysis.load_table(run, "cells", columns).to_pylist()
-    samples = [f for f in run.files("samples")] + [run.samples_path(g).path for g in run.scan(probes=False,
-                                                                                              manifest=False).partial]
-    readable = [f for f in samples if not check_parquet(Location(run.fs, f, f, run.local),
-                                                        run.fs.get_file_info(f)).problem]
-    if readable:
-        rows = ds.dataset(readable, schema=SAMPLE_SCHEMA, filesystem=run.fs).to_table(columns=columns)
-        facts += rows.group_by(columns).aggregate([]).to_pylist()
-    known = {c.cell_id for c in plan.matrix.cells}
-    for row in facts:
-        if row["cell_id"] not in known:
-            why.append(f"the results hold cell {clip(row['cell_id'])}, which {plan.matrix.path} does not make")
-        elif row["suite_digest"] not in (None, plan.suite.digest):
-            why.append(f"cell {clip(row['cell_id'])} was run with another suite (its digest differs)")
-        elif row["commit_sha"] and plan.shas.get(row["commit"]) not in (None, row["commit_sha"]):
-            why.append(f"cell {clip(row['cell_id'])} ran commit {row['commit_sha'][:12]}, "
-                       f"but {clip(row['commit'])} resolves to {str(plan.shas.get(row['commit']))[:12]} now")
-    if why:
-        raise StoreError(f"cannot rebuild {where}: {why[0]}")
-    data = manifest(plan, run.run_id)
-    first = recorded[0] if recorded else {}
-    data.update({k: first[k] for k in ("created", "host", "sweeper") if k in first})
-    n_cells = len({row["cell_id"] for row in facts})
-    data["repaired"] = {"at": now_utc().isoformat(), "matrix_path": str(plan.matrix.path),
-                        "checked_against": f"{len(recorded)} recorded manifests, {n_cells} cells"}
-    kept = ""
-    if where.exists():
-        from sweeper.store import MANIFEST, Damage
-
-        moved = run.move_aside([Damage(run.run_id, MANIFEST, "damaged", (MANIFEST,))])
-        kept = f"; the damaged one is kept as {moved[0].split(' -> ')[1]}" if moved else ""
-    run.write_manifest(data)
-    return (f"run {run.run_id}: manifest.json rebuilt from {plan.matrix.path}, checked against "
-            f"{len(recorded)} recorded manifests and the rows of {n_cells} cells{kept}")
+def history_order(repo: Path | None, refs: Sequence[str], shas: Mapping[str, str | None]) -> tuple[str, ...] | None:
+    """`refs` oldest first by their depth in `repo` (`git rev-list --count`), ties as listed; None
+    when the depth of one is unknown (readers then keep the order the matrix lists)."""
+    if repo is None or not refs or not Path(repo).is_dir():
+        return None
+    depth: dict[str, int] = {}
+    for ref in refs:
+        sha = shas.get(ref)
+        try:
+            depth[ref] = int(gitrepo.git(repo, "rev-list", "--count", str(sha))) if sha else -1
+        except (SweepError, ValueError):
+            depth[ref] = -1
+    if any(d < 0 for d in depth.values()):
+        return None
+    return tuple(sorted(refs, key=lambda r: (depth[r], list(refs).index(r))))
 
 
 def jobs_for(plan: Plan, run: RunDir, cache_dir: Path | None) -> list[GroupJob]:
@@ -165,14 +123,6 @@ def jobs_for(plan: Plan, run: RunDir, cache_dir: Path | None) -> list[GroupJob]:
     return [GroupJob(run_id=run.run_id, group=g, spec=spec, suite=plan.suite, sha=plan.shas.get(g.head.commit),
                      repo=source, cache_dir=str(Path(cache_dir).absolute()) if cache_dir else None)
             for g in plan.groups]
-
-
-def record_retry(run: RunDir, job: GroupJob, attempt: int, error: str) -> None:
-    """A group lost with its node or worker and submitted again: `manifest.json` lists it."""
-    data = run.read_manifest()
-    data.setdefault("retried", []).append({"group_id": job.group.group_id, "attempt": attempt, "error": error,
-                                           "at": now_utc().isoformat()})
-    run.write_manifest(data)
 
 
 def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | None = None, resume: str | None = None,
@@ -185,12 +135,13 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | N
         run = open_run(runs_dir, resume, create=False)
         if run.manifest_problem():
             # Rebuilt from this matrix, once the results say they were made from it.
-            notes.append(rebuild_manifest(run, plan))
+            notes.append(plan.rebuild_manifest(run))
         old = run.read_manifest()
-        if old.get("matrix_digest") != short_hash(plan.matrix.raw, 16) or old.get("suite_digest") != plan.suite.digest:
+        if not isinstance(old, SweepManifest) or old.matrix_digest != short_hash(plan.matrix.raw, 16) \
+                or old.suite_digest != plan.suite.digest:
             raise StoreError(f"run {resume} was made from another matrix or suite; start a new run instead")
-        if old.get("commits") != plan.shas:
-            raise StoreError(f"run {resume}: a commit ref now resolves elsewhere ({canonical(old.get('commits'))}); "
+        if old.commits != plan.shas:
+            raise StoreError(f"run {resume}: a commit ref now resolves elsewhere ({canonical(old.commits)}); "
                              "start a new run instead")
         # A damaged group is not done: its files go aside (kept) and the group runs again.
         damage = run.scan(probes=False, manifest=False).damage
@@ -200,7 +151,7 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | N
         run.clean_temp()
     else:
         run = open_run(runs_dir, run_id or new_run_id(plan.matrix.name), create=True)
-        run.write_manifest(manifest(plan, run.run_id))
+        run.write_manifest(plan.manifest(run.run_id))
     done = run.done_groups()
     jobs = [j for j in jobs_for(plan, run, cache_dir) if j.group.group_id not in done]
     outcome = RunOutcome(run, plan, skipped=sorted(done), notes=notes)
@@ -211,7 +162,7 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | N
     try:
         with (executor or choose())(plan.matrix) as ex:
             ex.preflight(plan.matrix.spec.gpus_per_cell)
-            for job, result in ex.run(jobs, on_retry=lambda j, n, e: record_retry(run, j, n, e)):
+            for job, result in ex.run(jobs, on_retry=lambda j, n, e: run.record_retry(j.group.group_id, n, e)):
                 # The log first (a group without a server has none): a group is done once its cells are written.
                 if result.log:
                     run.write_log(result.group_id, result.log_text())

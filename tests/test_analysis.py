@@ -14,6 +14,7 @@ import pytest
 from sweeper import analysis, report
 from sweeper.errors import SweepError
 from sweeper.matrix import canonical
+from sweeper.records import SweepManifest
 from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, RunDir, table
 
 # Axis values of every JSON type a matrix can hold; "0" and 0 must stay apart.
@@ -27,7 +28,7 @@ STRICT = [True, None]  # None: the axis is absent from some cells
 def write_run(root: Path, per_cell: int = 7, seed: int = 0) -> RunDir:
     rng = random.Random(seed)
     run = RunDir(root / "r")
-    run.write_manifest({"run_id": "r", "kind": "matrix", "matrix": {"axes": {"commit": COMMITS}}, "commits": {}})
+    run.write_manifest(SweepManifest(run_id="r", matrix={"axes": {"commit": COMMITS}}, commits={}))
     for commit, (spec, nst), runner in itertools.product(COMMITS, SPECS, RUNNER):
         group = f"g-{commit}-{spec}-{runner}"
         samples, cells = [], []
@@ -123,7 +124,7 @@ def test_the_heatmap_from_counts_is_the_heatmap_from_samples(tmp_path: Path) -> 
 
 def test_a_run_without_samples(tmp_path: Path) -> None:
     run = RunDir(tmp_path / "empty")
-    run.write_manifest({"run_id": "empty"})
+    run.write_manifest(SweepManifest(run_id="empty"))
     assert analysis.load_samples(run).empty
     assert analysis.failure_counts(run, ["commit"]).empty
 

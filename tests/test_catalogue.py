@@ -20,6 +20,7 @@ from sweeper.bisect import driver
 from sweeper.bisect import modes as fm
 from sweeper.catalogue import CATALOGUE
 from sweeper.matrix import load_matrix
+from sweeper.records import SweepManifest
 from sweeper.storage import Location
 from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, Damage, RunDir, table
 from sweeper.suite import Suite, load_suite
@@ -45,7 +46,7 @@ def bisected(tmp_path: Path, tiny_suite: Path) -> tuple[list[driver.Target], Sui
 def write_run(runs: Path, run_id: str, settings: list[str], shas: list[str], digest: str, fail_every: int = 3) -> None:
     """A run through the store: one group per (settings, commit), two samples per case."""
     run = RunDir(runs / run_id)
-    run.write_manifest({"run_id": run_id, "kind": "matrix"})
+    run.write_manifest(SweepManifest(run_id=run_id))
     for s, key in enumerate(settings):
         for c, sha in enumerate(shas):
             group = f"g{s}-{c}"

@@ -11,7 +11,7 @@ import pytest
 from sweeper import files, fingerprint
 from sweeper.environments import Installed
 from sweeper.errors import ConfigError
-from sweeper.vllm import supported_flags
+from sweeper.vllm.supported import supported_flags
 
 HELP = "usage: vllm serve [-h] [--port PORT] [--max-model-len MAX_MODEL_LEN]\n"
 

@@ -3,6 +3,7 @@ flag, cells matched by their settings across commits; modes that appear or vanis
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from typer.testing import CliRunner
 from sweeper import analysis
 from sweeper.cli import app
 from sweeper.compare import newcombe
+from sweeper.records import SweepManifest
 from sweeper.store import RunDir, open_run
 
 # The shared runs, made once per session (a plugin: fixtures imported per module would run per module).
@@ -31,10 +33,9 @@ def test_newcombe_matches_the_published_intervals() -> None:
 def split(run: RunDir, commit: str, runs_dir: Path, name: str) -> RunDir:
     """A run holding only one commit of `run` (the same Parquet rows, the same manifest otherwise)."""
     out = open_run(runs_dir, name, create=True)
-    manifest = json.loads(run.manifest_path.read_text())
-    manifest["commits"] = {commit: manifest["commits"][commit]}
-    manifest["run_id"] = name
-    out.write_manifest(manifest)
+    manifest = run.read_manifest()
+    assert isinstance(manifest, SweepManifest) and manifest.commits is not None
+    out.write_manifest(dataclasses.replace(manifest, commits={commit: manifest.commits[commit]}, run_id=name))
     samples, cells = analysis.load_table(run, "samples"), analysis.load_table(run, "cells")
     for group in sorted(set(pc.filter(cells, pc.equal(cells["commit"], commit))["group_id"].to_pylist())):
         out.write_group(group, pc.filter(samples, pc.equal(samples["group_id"], group)),

@@ -9,6 +9,7 @@ import pytest
 from conftest import run_cli
 
 from sweeper.matrix import canonical
+from sweeper.records import SweepManifest
 from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, RunDir, table
 
 CELLS = 250
@@ -18,7 +19,7 @@ def write_run(runs: Path) -> None:
     """One group of 250 cells (a `request.n` axis): cell i fails i % 50 of 50 samples (each sample row
     stands for its cell; the table reads the cells), cell 7 crashed before failing any."""
     run = RunDir(runs / "many")
-    run.write_manifest({"run_id": "many", "kind": "matrix", "matrix": {"axes": {}}})
+    run.write_manifest(SweepManifest(run_id="many", matrix={"axes": {}}))
     cells, samples = [], []
     for i in range(CELLS):
         common = {"run_id": "many", "group_id": "g", "cell_id": f"c{i:03d}", "server_key": "g", "commit": "v1",

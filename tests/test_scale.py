@@ -84,7 +84,7 @@ CALLER = """
 import json, sys
 from sweeper.environments import Installed
 from sweeper import fingerprint
-from sweeper.vllm import supported_flags
+from sweeper.vllm.supported import supported_flags
 fake, root = sys.argv[1], sys.argv[2]
 inst = Installed(commit="c", sha=None, launch=(fake,), python=fake, root=root)
 flags = supported_flags(inst)

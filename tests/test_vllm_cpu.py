@@ -22,7 +22,7 @@ from sweeper.errors import ServerError
 from sweeper.matrix import Cell, load_matrix
 from sweeper.server import ServerProcess, free_port, new_api_key
 from sweeper.tinymodel import build_tiny_model
-from sweeper.vllm.flags import FLAGS_FILE
+from sweeper.vllm.supported import FLAGS_FILE, supported_flags
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -74,7 +74,7 @@ def server_for(cell: Cell, installed: environments.Installed, model: str, work: 
     port, key = free_port(), new_api_key()
     launch = vllm.serve_command(cell, model=model, spec_config=MATRIX.spec.spec_config, installed=installed,
                                 host="127.0.0.1", port=port, api_key=key,
-                                supported=vllm.supported_flags(installed))
+                                supported=supported_flags(installed))
     scratch = work / name
     scratch.mkdir()
     env = {**os.environ, **launch.env, "VLLM_CACHE_ROOT": str(scratch / "vllm"),
@@ -92,7 +92,7 @@ def chat(server: ServerProcess, key: str, rid: str, model: str, **body: Any) -> 
 
 
 def test_help_lists_the_flags_and_is_cached(installed: environments.Installed) -> None:
-    flags = vllm.supported_flags(installed)
+    flags = supported_flags(installed)
     for flag in ("--speculative-config", "--async-scheduling", "--no-async-scheduling", "--attention-backend",
                  "--structured-outputs-config", "--reasoning-parser", "--tool-strict-level"):
         assert flag in flags
@@ -102,7 +102,7 @@ def test_help_lists_the_flags_and_is_cached(installed: environments.Installed) -
     data = json.loads(cache.read_text())
     cache.write_text(json.dumps({**data, "version": "noted"}))
     try:
-        again = vllm.supported_flags(installed)
+        again = supported_flags(installed)
     finally:
         cache.write_text(json.dumps(data))
     assert again.version == "noted" and again.flags == flags.flags

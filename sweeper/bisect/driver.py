@@ -42,6 +42,7 @@ from sweeper.executor import Executor, ExecutorFactory, choose
 from sweeper.history import History, history_for
 from sweeper.matrix import Cell, Matrix, ServerGroup, canonical, make_cell
 from sweeper.portable import portable_spec, repo_source
+from sweeper.records import BisectManifest, SweepManifest
 from sweeper.repos import repo_for
 from sweeper.runner import GroupJob, GroupResult
 from sweeper.status import ProbeStatus
@@ -49,7 +50,6 @@ from sweeper.storage import Location
 from sweeper.store import (
     PROBE_SCHEMA,
     RunDir,
-    host_info,
     new_run_id,
     now_utc,
     open_run,
@@ -348,8 +348,8 @@ def run_bisect(*, good: str, bad: str, matrix_path: Path | None = None, from_run
     if resume and matrix_path is None:
         # The cells of an interrupted bisect are in its manifest, whatever runs came since.
         old = open_run(runs_dir, resume, create=False).read_manifest()
-        matrix = _with_repo(load_matrix(old.get("matrix_path", "")), repo)
-        keys = set(old.get("settings_keys", []))
+        matrix = _with_repo(load_matrix(old.matrix_path or ""), repo)
+        keys = set(old.settings_keys or ()) if isinstance(old, BisectManifest) else set()
         cells = list({c.settings_key: c for c in matrix.cells if c.settings_key in keys}.values())
     elif matrix_path is not None:
         matrix = _with_repo(load_matrix(matrix_path), repo)
@@ -374,7 +374,7 @@ def sweep_run(runs_dir: str | Path, run_id: str | None) -> RunDir:
     """The sweep run a bisect starts from: `run_id`, or the latest `sweep matrix` run."""
     if run_id is not None:
         run = open_run(runs_dir, run_id, create=False)
-        if run.read_manifest().get("kind") != "matrix":
+        if not isinstance(run.read_manifest(), SweepManifest):
             raise BisectError(f"run {run_id} is not a sweep run (`sweep matrix`); pass a sweep run's id to --run")
         return run
     sweeps = [r for r in analysis.run_dirs(runs_dir) if _kind(r) == "matrix"]
@@ -386,10 +386,9 @@ def sweep_run(runs_dir: str | Path, run_id: str | None) -> RunDir:
 
 def _kind(run: RunDir) -> str | None:
     try:
-        kind = run.read_manifest().get("kind")
+        return run.read_manifest().kind
     except (OSError, ValueError, SweepError):
         return None
-    return kind if isinstance(kind, str) else None
 
 
 def cells_from_run(runs_dir: str | Path, from_run: str | None, good: str, bad: str, where: Sequence[str],
@@ -404,15 +403,16 @@ def cells_from_run(runs_dir: str | Path, from_run: str | None, good: str, bad: s
 
     run = sweep_run(runs_dir, from_run)
     manifest = run.read_manifest()
-    path = Path(str(manifest.get("matrix_path", "")))
+    assert isinstance(manifest, SweepManifest)  # sweep_run picks sweep runs only
+    path = Path(manifest.matrix_path or "")
     if not path.is_file():
         raise BisectError(f"run {run.run_id}: its matrix {path} is gone; pass --matrix FILE --where AXIS=VALUE")
     matrix = _with_repo(load_matrix(path), repo)
-    if short_hash(matrix.raw, 16) != manifest.get("matrix_digest"):
+    if short_hash(matrix.raw, 16) != manifest.matrix_digest:
         raise BisectError(f"run {run.run_id}: {path} changed since the run; run `sweep matrix {path}` again, "
                           "or pass --matrix")
     suite = load_suites(matrix.suite_paths)
-    if suite.digest != manifest.get("suite_digest"):
+    if suite.digest != manifest.suite_digest:
         raise BisectError(f"run {run.run_id}: its suite changed since the run; run `sweep matrix {path}` again")
     history = history_for(matrix.spec.install, repo_for(matrix, runs_dir), good=good, bad=bad)
     good_sha, bad_sha = history.resolve(good), history.resolve(bad)
@@ -477,9 +477,10 @@ def bisect_cells(*, matrix: Matrix, cells: list[Cell], suite: Suite, good: str, 
     if resume:
         run = open_run(runs_dir, resume, create=False)
         old = run.read_manifest()
-        if old.get("good_sha") != good_sha or old.get("bad_sha") != bad_sha or old.get("settings_keys") != keys:
+        if not isinstance(old, BisectManifest) or old.good_sha != good_sha or old.bad_sha != bad_sha \
+                or old.settings_keys != tuple(keys):
             raise BisectError(f"run {resume} bisected another range or other cells; start a new bisect instead")
-        commits = old.get("commits", commits)
+        commits = list(old.commits) if old.commits is not None else commits
     else:
         run = open_run(runs_dir, run_id or new_run_id(f"bisect-{matrix.name}"), create=True)
     options = {"confidence": confidence, "max_samples": max_samples}
@@ -490,12 +491,11 @@ def bisect_cells(*, matrix: Matrix, cells: list[Cell], suite: Suite, good: str, 
             k = parallel or max(1, ex.free_slots(matrix.spec.gpus_per_cell))
             on_event(f"{k} server starts per round")
             while True:
-                run.write_manifest({"run_id": run.run_id, "kind": "bisect", "created": now_utc().isoformat(),
-                                    "sweeper": __version__, "host": host_info(), "matrix_path": str(matrix.path),
-                                    "matrix": matrix.raw, "good": good, "bad": bad, "good_sha": good_sha,
-                                    "bad_sha": bad_sha, "commits": commits, "settings_keys": keys,
-                                    "cells": [{k: v for k, v in c.values.items() if k != "commit"} for c in cells],
-                                    "suite_digest": suite.digest, "repo": history.where})
+                run.write_manifest(BisectManifest(
+                    run_id=run.run_id, matrix_path=str(matrix.path), matrix=matrix.raw, good=good, bad=bad,
+                    good_sha=good_sha, bad_sha=bad_sha, commits=tuple(commits), settings_keys=tuple(keys),
+                    cells=tuple({k: v for k, v in c.values.items() if k != "commit"} for c in cells),
+                    suite_digest=suite.digest, repo=history.where))
                 b = Bisector(matrix=matrix, targets=[Target(c) for c in cells], suite=suite, repo=repo_path,
                              history=history, run=run,
                              runs_dir=runs_dir, commits=commits, search_options=options, cache_dir=cache_dir,

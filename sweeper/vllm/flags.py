@@ -1,28 +1,21 @@
-"""From a cell to a `vllm serve` command line, for the flags the installed vLLM really has.
+"""From a cell to a `vllm serve` command line, for the flags the installed vLLM really has. Pure.
 
-The flags an environment offers are learnt once from `<launch> --help` (parsed as text: pure) and
-cached in the environment's folder. A flag the version lacks is translated where vLLM renamed it
-(`RENAMES`), or refused with a clear error before any server starts.
+The flags a version offers are parsed from its `--help` text (`parse_help`; asking an environment
+for that text is `sweeper.vllm.supported`'s job). A flag the version lacks is translated where vLLM
+renamed it (`RENAMES`), or refused with a clear error before any server starts.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from sweeper import files
-from sweeper.environments import Installed
 from sweeper.errors import ConfigError
 from sweeper.matrix import Cell
 
-FLAGS_FILE = "flags.json"
-HELP_TIMEOUT_S = 180.0
 # The vLLM release that introduced a flag, for a message that says which version to use.
 INTRODUCED: Mapping[str, str] = {
     "--tool-strict-level": "0.31",
@@ -62,6 +55,29 @@ class Launch:
     env: dict[str, str]
 
 
+class Program(Protocol):
+    """What starts a server: an installed environment (`sweeper.environments.Installed`), or a
+    plain command such as the `vllm serve` a bug report shows (`Command`)."""
+
+    @property
+    def launch(self) -> tuple[str, ...]: ...  # argv before the model
+
+    @property
+    def env(self) -> Mapping[str, str]: ...  # extra server environment
+
+    @property
+    def version(self) -> str | None: ...  # vLLM version string, where known
+
+
+@dataclass(frozen=True)
+class Command:
+    """A plain command line that starts vLLM's server, with no environment behind it."""
+
+    launch: tuple[str, ...] = ("vllm", "serve")
+    env: Mapping[str, str] = field(default_factory=dict)
+    version: str | None = None
+
+
 # --- learning the flags ---------------------------------------------------------------------------
 
 _USAGE_OPT = re.compile(r"\[(--[A-Za-z0-9][\w.-]*)(?:[ =](\{[^}]*\})?[^\]|]*)?(?:\s*\|\s*(--[\w.-]+))?")
@@ -88,43 +104,6 @@ def parse_help(text: str, version: str | None = None) -> FlagSet:
         choices.setdefault(_norm(m.group(1)), tuple(c.strip() for c in m.group(2).split(",") if c.strip()))
     flags.discard("--help")
     return FlagSet(frozenset(flags), choices, version)
-
-
-def supported_flags(installed: Installed, *, timeout: float = HELP_TIMEOUT_S, refresh: bool = False) -> FlagSet:
-    """Ask the environment's vLLM for its flags (`<launch> --help`), cached in its folder.
-
-    Groups of one commit start together on a node: under the folder's lock only the first runs
-    `--help` (on real vLLM it imports torch, ~10 s); the others read what it wrote. A `--help` that
-    fails or times out raises and is not cached."""
-    cache = Path(installed.root) / FLAGS_FILE if installed.root else None
-    return files.cached_json(cache, lambda: _ask_help(installed, timeout), decode=FlagSet.from_json,
-                             encode=FlagSet.to_json, timeout=timeout, refresh=refresh)
-
-
-def _ask_help(installed: Installed, timeout: float) -> FlagSet:
-    launch = list(installed.launch[:-1] if installed.launch[-1:] == ("--model",) else installed.launch)
-    env = {**os.environ, **installed.env}
-    if installed.root:  # keep vLLM's caches out of the home folder
-        env.setdefault("VLLM_CACHE_ROOT", str(Path(installed.root) / "vllm-cache"))
-    text = _help_text(launch + ["--help"], env, timeout)
-    flags = parse_help(text, installed.version)
-    # Some `vllm serve --help` versions list config groups only; `--help=all` lists every flag.
-    if "--port" not in flags or "--max-model-len" not in flags:
-        text += "\n" + _help_text(launch + ["--help=all"], env, timeout)
-        flags = parse_help(text, installed.version)
-    if "--port" not in flags:
-        raise ConfigError(f"`{' '.join(launch)} --help` listed no --port flag; is install.launch right? "
-                          f"Output: {text[-500:]!r}")
-    return flags
-
-
-def _help_text(argv: list[str], env: Mapping[str, str], timeout: float) -> str:
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, env=dict(env), timeout=timeout,
-                              stdin=subprocess.DEVNULL, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ConfigError(f"could not run `{' '.join(argv)}`: {exc}") from exc
-    return proc.stdout + "\n" + proc.stderr
 
 
 # --- from a cell to argv ----------------------------------------------------------------------------
@@ -180,7 +159,7 @@ RENAMES: Mapping[str, tuple[Translation, ...]] = {
 
 
 def serve_command(cell: Cell, *, model: str, spec_config: Mapping[str, Mapping[str, Any]] | None,
-                  installed: Installed, host: str, port: int, api_key: str | None,
+                  installed: Program, host: str, port: int, api_key: str | None,
                   supported: FlagSet | None = None) -> Launch:
     """argv + env that start `cell`'s server; ConfigError when this vLLM lacks a flag the cell needs."""
     wanted: list[tuple[str, Any]] = []
@@ -207,7 +186,7 @@ def serve_command(cell: Cell, *, model: str, spec_config: Mapping[str, Mapping[s
 
 
 def _render(flag: str, value: Any, have: FlagSet | None, cell: Cell,
-            installed: Installed) -> tuple[list[str], dict[str, str]]:
+            installed: Program) -> tuple[list[str], dict[str, str]]:
     base = _norm(flag.split(".", 1)[0]) if "." in flag else _norm(flag)
     if have is None or base in have:
         _check_choice(flag, value, have, cell, installed)
@@ -226,7 +205,7 @@ def _render(flag: str, value: Any, have: FlagSet | None, cell: Cell,
                       key=f"cell {cell.cell_id}")
 
 
-def _check_choice(flag: str, value: Any, have: FlagSet | None, cell: Cell, installed: Installed) -> None:
+def _check_choice(flag: str, value: Any, have: FlagSet | None, cell: Cell, installed: Program) -> None:
     allowed = have.choices.get(_norm(flag)) if have else None
     if allowed and value is not True and str(value) not in allowed and "None" not in allowed:
         raise ConfigError(f"{flag} {value!r} is not one of {', '.join(allowed)} in vLLM "
