@@ -62,8 +62,8 @@ def test_where_picks_cells_by_their_settings() -> None:
     (["spec_method"], r"--where 'spec_method': expected AXIS=VALUE"),
     (["backend=x"], r"--where backend: not an axis of .*bisect-demo.yaml; axes: commit, "),
     (["spec_method=ngram"], r"no cell of .*bisect-demo.yaml matches spec_method=ngram"),
-    ([], r"2 cells match \(nothing\); add --where to pick one of: spec_method=none; spec_method=mtp "
-         r"num_speculative_tokens=4$"),
+    ([], (r"2 cells match \(nothing\); add --where to pick one of: spec_method=none; spec_method=mtp "
+          r"num_speculative_tokens=4$")),
 ])
 def test_where_that_picks_no_single_cell_says_why(where: list[str], message: str) -> None:
     with pytest.raises(BisectError, match=message):
