@@ -21,7 +21,7 @@ commit among the change's candidates. Printed as markdown:
 - a few wrong or missed histories per family, with what was reported.
 
 `--src PATH` imports the search from another checkout, e.g. a worktree of the commit being
-measured. `--old PATH` drives the single-mode search of another checkout (the API before failure
+measured (one with the `SearchOptions` / `ask` / `tell` API). `--old PATH` drives the single-mode search of another checkout (the API before failure
 modes: `record(commit, failures, samples)`, one culprit per result) on the single-mode
 families, counting a failure of any mode as a failure; its culprit counts as a reported
 regression of whichever mode.
@@ -48,7 +48,7 @@ from histories import FAMILIES, SINGLE_MODE, History, fixed_step
 STEP_LINE = "step 0.01→0.1, N=200"
 ROUND_GUARD = 10_000  # a search still asking after this many rounds is counted as stuck
 _OLD: str | None = None
-_OPTIONS: dict = {}  # Search keywords other than its defaults (--search)
+_OPTIONS: dict = {}  # SearchOptions fields other than their defaults (--search)
 
 
 def _init(old: str | None, src: str | None, options: dict | None = None) -> None:
@@ -79,13 +79,13 @@ def _value(x: object) -> str:
 
 def _run_new(h: History, k: int, rng: np.random.Generator, confidence: float,
              max_samples: int | None) -> dict:
-    from sweeper.bisect import Search
+    from sweeper.bisect import Search, SearchOptions
 
-    s = Search(h.commits, confidence=confidence, max_samples=max_samples, **_OPTIONS)
+    s = Search(h.commits, SearchOptions(confidence=confidence, max_samples=max_samples, **_OPTIONS))
     index = {c: i for i, c in enumerate(h.commits)}
     loops, too_many = 0, 0
     while not s.done:
-        reqs = s.next_probes(k)
+        reqs = s.ask(k)
         if not reqs:
             break
         loops += 1
@@ -95,9 +95,9 @@ def _run_new(h: History, k: int, rng: np.random.Generator, confidence: float,
         for r in reqs:
             i = index[r.commit]
             if i in h.untestable:
-                s.record_skip(r.commit, "untestable")
+                s.tell_skip(r.commit, "untestable")
             else:
-                s.record(r.commit, r.samples, h.probe(rng, i, r.samples))
+                s.tell(r.commit, r.samples, h.probe(rng, i, r.samples))
     rep = s.result()
     changes = [{"mode": c.mode, "direction": _value(c.direction), "candidates": list(c.candidates),
                 "confidence": float(c.confidence), "located": bool(c.located)} for c in rep.changes]
@@ -407,7 +407,7 @@ def main() -> None:
     ap.add_argument("--compare", default=None, help="a --json file of an earlier run to set the cost next to")
     ap.add_argument("--examples", type=int, default=3, help="wrong/missed histories shown per family")
     ap.add_argument("--search", action="append", default=[], metavar="KEY=VALUE",
-                    help="a keyword of sweeper.bisect.Search other than its default (repeatable), e.g. "
+                    help="a field of sweeper.bisect.SearchOptions other than its default (repeatable), e.g. "
                     "max_starts_per_commit=12 or explore=0.02")
     args = ap.parse_args()
     options = {}

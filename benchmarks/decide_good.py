@@ -17,7 +17,7 @@ import math
 import random
 import statistics
 
-from sweeper.bisect.search import Search
+from sweeper.bisect.search import Search, SearchOptions
 from sweeper.stats import samples_to_decide
 
 P_BAD = 1 / 3
@@ -28,11 +28,11 @@ def run_search(x_rate: float, rng: random.Random) -> tuple[int, int, bool]:
     """(requests spent on x, server starts at x, whether the report put the change after x, i.e.
     called x good)."""
     rates = {"good": 0.0, "x": x_rate, "bad": P_BAD}
-    search = Search(["good", "x", "bad"], confidence=1 - ALPHA)
+    search = Search(["good", "x", "bad"], SearchOptions(confidence=1 - ALPHA))
     while not search.done:
-        for req in search.next_probes(1):
+        for req in search.ask(1):
             fails = sum(rng.random() < rates[req.commit] for _ in range(req.samples))
-            search.record(req.commit, req.samples, {"mode": fails} if fails else {})
+            search.tell(req.commit, req.samples, {"mode": fails} if fails else {})
     at_x = [o.samples for o in search.observations if o.commit == "x"]
     changes = search.result().changes
     called_good = any(c.candidates and c.candidates[0] == "bad" for c in changes) if changes else False
@@ -47,7 +47,7 @@ def main() -> None:
     rng = random.Random(args.seed)
     exact = math.ceil(math.log(ALPHA) / math.log1p(-P_BAD))
     wald = samples_to_decide(0.0, P_BAD, 1 - ALPHA)
-    probe = Search(["a", "b"], confidence=1 - ALPHA)._batch(0.0, P_BAD, 0.0)
+    probe = Search(["a", "b"], SearchOptions(confidence=1 - ALPHA))._batch(0.0, P_BAD, 0.0)
     clean = [run_search(0.0, rng) for _ in range(args.trials)]
     bad = [run_search(P_BAD, rng) for _ in range(args.trials)]
     spent = sorted(s for s, _, _ in clean)

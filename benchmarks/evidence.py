@@ -4,7 +4,7 @@
 
 Writes, through the store, one run holding the bisected cells of `matrices/demo.yaml` at 8 commits,
 then adds unrelated runs (other settings and commits, 4 groups each) and reads the evidence with
-`sweeper.bisect.driver.load_evidence` (through each run's catalogue) and, side by side, with
+`sweeper.bisect.evidence.load_evidence` (through each run's catalogue) and, side by side, with
 `analysis.read_runs` (every file of every run, projection and filter pushed down: the read before
 the catalogue). Each read runs in this process through a pyarrow filesystem that counts the Parquet
 files opened; the first read after new runs also indexes nothing (the store catalogued them).
@@ -56,16 +56,16 @@ def write_run(runs: Path, run_id: str, settings: list[str], shas: list[str], dig
 def read(runs: Path, how: str, targets: list[Any], suite: Any, shas: list[str]) -> tuple[float, int, int]:
     """(seconds, Parquet files opened, sample rows found) of one evidence read."""
     from sweeper import analysis
-    from sweeper.bisect import driver
     from sweeper.bisect import modes as fm
+    from sweeper.bisect.evidence import Target, load_evidence
     from sweeper.storage import Location
 
     handler = Counting()
     where = Location(pafs.PyFileSystem(handler), str(runs), str(runs), False)
-    fresh = [driver.Target(t.cell) for t in targets]
+    fresh = [Target(t.cell) for t in targets]
     t0 = time.perf_counter()
     if how == "catalogue":
-        driver.load_evidence(where, fresh, suite, set(shas), fm.check_labels(suite), "bench")
+        load_evidence(where, fresh, suite, set(shas), fm.check_labels(suite), "bench")
         found = sum(len(st.sets) for t in fresh for ev in t.evidence.values() for st in ev.starts)
     else:
         expr = (pc.field("suite_digest") == suite.digest) & pc.field("settings_key").isin(
@@ -76,7 +76,8 @@ def read(runs: Path, how: str, targets: list[Any], suite: Any, shas: list[str]) 
 
 
 def main() -> None:
-    from sweeper.bisect import driver
+    from sweeper.bisect.evidence import Target
+    from sweeper.bisect.select import select_cells
     from sweeper.matrix import load_matrix
     from sweeper.suite import load_suites
 
@@ -85,7 +86,7 @@ def main() -> None:
     ap.add_argument("--rows-per-group", type=int, default=2000)
     args = ap.parse_args()
     matrix = load_matrix(ROOT / "matrices" / "demo.yaml")
-    targets = [driver.Target(c) for c in driver.select_cells(matrix, [])]
+    targets = [Target(c) for c in select_cells(matrix, [])]
     suite = load_suites(tuple((ROOT / "matrices" / p).resolve() for p in matrix.spec.suite))
     shas = [f"{i:040x}" for i in range(1, 9)]
     base = Path(tempfile.mkdtemp(prefix="sweep-evidence-"))

@@ -335,12 +335,13 @@ def bisect_cmd(
     from sweeper.bisect import driver, report
     from sweeper.executor import choose
 
+    scope = driver.BisectScope(good=good, bad=bad, matrix_path=matrix, from_run=run, where=tuple(where or ()),
+                               repo=repo)
+    options = driver.BisectOptions(confidence=confidence, max_samples=max_samples, parallel=parallel, widen=widen,
+                                   cache_dir=cache_dir, runs_dir=runs_dir, run_id=run_id, resume=resume)
     try:
-        outcome = driver.run_bisect(matrix_path=matrix, from_run=run, good=good, bad=bad, where=where or [],
-                                    repo=repo, parallel=parallel, confidence=confidence, max_samples=max_samples,
-                                    runs_dir=runs_dir, run_id=run_id, resume=resume,
-                                    executor=choose(executor, address=address, gpus=gpus), cache_dir=cache_dir,
-                                    widen=widen, on_event=lambda line: err.print(line, markup=False, highlight=False))
+        outcome = driver.run_bisect(scope, options, executor=choose(executor, address=address, gpus=gpus),
+                                    on_event=lambda line: err.print(line, markup=False, highlight=False))
     except Interrupted as exc:
         raise exc.with_resume(resume_command("bisect", "--good", good, "--bad", bad, runs_dir=runs_dir,
                                              run_id=exc.run_id)) from None

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import pytest
 
-from sweeper.bisect import BadEndpoint, BisectReport, Direction, Observation, Search
+from sweeper.bisect import BadEndpoint, BisectReport, Direction, Observation, Search, SearchOptions
 from sweeper.errors import BisectError
 
 Rates = Callable[[int], Mapping[str, float]]
@@ -21,27 +23,36 @@ def drive(search: Search, rates: Rates, *, k: int = 1, skipped: frozenset[int] =
     per mode, so every verdict below is exact and repeatable; with it, multinomial draws (and a
     per-start Beta draw of each rate when icc > 0)."""
     while not search.done:
-        reqs = search.next_probes(k)
+        reqs = search.ask(k)
         if not reqs:
             break
         for req in reqs:
             if req.index in skipped:
-                search.record_skip(req.commit, "server_failed: exited with code 1")
+                search.tell_skip(req.commit, "server_failed: exited with code 1")
                 continue
             p = dict(rates(req.index))
             if rng is None:
-                search.record(req.commit, req.samples, {m: round(r * req.samples) for m, r in p.items()})
+                search.tell(req.commit, req.samples, {m: round(r * req.samples) for m, r in p.items()})
                 continue
             if icc > 0:
                 s = (1 - icc) / icc
                 p = {m: (rng.beta(r * s, (1 - r) * s) if 0 < r < 1 else r) for m, r in p.items()}
             counts = rng.multinomial(req.samples, [*p.values(), max(0.0, 1 - sum(p.values()))])
-            search.record(req.commit, req.samples, dict(zip(p, map(int, counts[:-1]), strict=False)))
+            search.tell(req.commit, req.samples, dict(zip(p, map(int, counts[:-1]), strict=False)))
     return search.result()
 
 
 def commits(n: int) -> list[str]:
     return [f"c{i}" for i in range(n + 1)]
+
+
+def summary_of(report: BisectReport, cs: list[str]) -> dict[str, Any]:
+    """The report's `bisect.json` data for one cell, knowing only the commits the report names."""
+    from sweeper.bisect.report import ReportCell, describe, named_commits
+
+    info = {c: {"sha": c, "short": c, "subject": f"commit {c}", "pr": None, "date": None}
+            for c in named_commits([report])}
+    return describe([report], [ReportCell({"spec_method": "mtp"}, "spec_method=mtp", "mtp")], cs, info)
 
 
 def changes(report: BisectReport) -> list[tuple[str, str, str]]:
@@ -61,13 +72,13 @@ def test_deterministic_regression_is_found_in_about_log2_n_probes() -> None:
 
 def test_endpoints_get_two_server_starts_first_and_free_slots_split_the_range() -> None:
     search = Search(commits(100))
-    assert [r.commit for r in search.next_probes(1)] == ["c0"]
+    assert [r.commit for r in search.ask(1)] == ["c0"]
     search = Search(commits(100))
-    first = search.next_probes(4)
+    first = search.ask(4)
     assert [r.commit for r in first] == ["c0", "c34", "c67", "c100"]  # the ends, then a blind split
     for r in first:
-        search.record(r.commit, r.samples, {"a": r.samples // 2 if r.index > 50 else 0})
-    second = {r.commit for r in search.next_probes(4)}
+        search.tell(r.commit, r.samples, {"a": r.samples // 2 if r.index > 50 else 0})
+    second = {r.commit for r in search.ask(4)}
     assert {"c0", "c100"} <= second  # a second start at each end before their rates are trusted
 
 
@@ -108,6 +119,8 @@ def test_change_next_to_untestable_commits_names_them_as_candidates() -> None:
     (change,) = report.changes
     assert change.found and change.commit == "c10" and change.candidates == ("c8", "c9", "c10")
     assert {c for c, _ in report.skipped} <= {"c8", "c9"}
+    (row,) = summary_of(report, commits(20))["cells"][0]["changes"]
+    assert [c["sha"] for c in row["candidates"]] == ["c8", "c9", "c10"] and row["n_candidates"] == 3
 
 
 def test_bad_endpoint_passes_after_enough_clean_samples() -> None:
@@ -153,7 +166,7 @@ def test_per_start_variation_is_learned_and_the_change_still_found() -> None:
 
 
 def test_limits_leave_an_honest_undecided_report() -> None:
-    report = drive(Search(commits(500), max_samples=400), lambda i: {"a": 0.05 if i >= 321 else 0.0}, k=2,
+    report = drive(Search(commits(500), SearchOptions(max_samples=400)), lambda i: {"a": 0.05 if i >= 321 else 0.0}, k=2,
                    rng=np.random.default_rng(5))
     assert not report.done and report.open_gaps > 0
     assert not any(c.found for c in report.changes)
@@ -175,22 +188,42 @@ def test_resume_replays_observations_and_spends_nothing_twice() -> None:
     drive(full, history, k=3)
     part = Search(commits(100))
     for _ in range(3):
-        for req in part.next_probes(3):
+        for req in part.ask(3):
             p = history(req.index)
-            part.record(req.commit, req.samples, {m: round(r * req.samples) for m, r in p.items()})
-    resumed = Search.from_observations(commits(100), part.observations)
-    assert resumed.rounds == part.rounds
-    assert [r.commit for r in resumed.next_probes(3)] == [r.commit for r in part.next_probes(3)]
-    report = drive(Search.from_observations(commits(100), part.observations), history, k=3)
+            part.tell(req.commit, req.samples, {m: round(r * req.samples) for m, r in p.items()})
+    resumed = Search(commits(100), observations=part.observations)
+    assert resumed.rounds == part.rounds and resumed.observations == part.observations
+    assert resumed.ask(3) == part.ask(3)
+    report = drive(Search(commits(100), observations=part.observations), history, k=3)
     assert changes(report) == changes(full.result())
 
 
 def test_widened_range_keeps_old_samples() -> None:
     old = Search(commits(20)[10:])
-    old.record("c10", 50, {"a": 10})
-    old.record("c20", 50, {"a": 10})
-    wider = Search.from_observations(commits(20), old.observations)
+    old.tell("c10", 50, {"a": 10})
+    old.tell("c20", 50, {"a": 10})
+    wider = Search(commits(20), observations=old.observations)
     assert wider.total_samples == 100 and wider.modes == ("a",)
+
+
+def test_a_search_rebuilt_each_round_asks_what_the_live_one_asks() -> None:
+    """A driver serving several searches rebuilds each one every round from what it was told and
+    the round it is in: that search asks, round after round, what one kept alive asks."""
+    history = lambda i: {"a": 0.3 if i >= 37 else 0.0, "b": 0.2 if 12 <= i < 80 else 0.0}
+    options = SearchOptions(max_rounds=5)  # the limit bites before the search is done
+    live = Search(commits(100), options)
+    told: list[Observation] = []
+    while not live.done:
+        rebuilt = Search(commits(100), options, observations=told, rounds=live.rounds)
+        reqs = live.ask(4)
+        assert rebuilt.ask(4) == reqs and rebuilt.rounds == live.rounds
+        for req in reqs:
+            live.tell(req.commit, req.samples, {m: round(r * req.samples) for m, r in history(req.index).items()})
+        # As a driver's stored evidence holds them: the samples, not the round they came in.
+        told = [dataclasses.replace(o, round=0) for o in live.observations]
+    assert live.rounds == 5 and not live.result().done
+    resumed = Search(commits(100), options, observations=told, rounds=live.rounds)
+    assert resumed.rounds == 5 and resumed.done and resumed.ask(4) == []
 
 
 def test_bad_input() -> None:
@@ -199,19 +232,19 @@ def test_bad_input() -> None:
     with pytest.raises(BisectError):
         Search(["c0", "c0"])
     with pytest.raises(BisectError):
-        Search(commits(3), confidence=1.5)
+        Search(commits(3), SearchOptions(confidence=1.5))
     search = Search(commits(3))
     with pytest.raises(BisectError):
-        search.record("c9", 10, {})
+        search.tell("c9", 10, {})
     with pytest.raises(BisectError):
-        search.record("c1", 10, {"a": 6, "b": 5})
+        search.tell("c1", 10, {"a": 6, "b": 5})
     with pytest.raises(BisectError):
-        search.record("c1", 10, {"a": -1})
-    search.record_skip("c1", "install_failed")
+        search.tell("c1", 10, {"a": -1})
+    search.tell_skip("c1", "install_failed")
     with pytest.raises(BisectError):
-        search.record("c1", 10, {})
+        search.tell("c1", 10, {})
     with pytest.raises(BisectError):
-        search.next_probes(0)
+        search.ask(0)
     assert Observation("c1", skip_reason="install_failed") in search.observations
     assert Direction.FIX.value == "fix"
 
@@ -228,20 +261,14 @@ def test_change_density_sums_the_gap_probabilities_over_the_range() -> None:
 def test_a_change_hidden_by_per_start_variation_is_not_reported_as_no_change() -> None:
     """9 % -> 17 % at commit 99 of 140, each server start drawing its own rate (ICC 0.15): the search
     ends without locating it, and the report says how sure it is instead of "no change"."""
-    from pathlib import Path
-
-    from sweeper.bisect.driver import Target
-    from sweeper.bisect.report import describe, render
-    from sweeper.history import ReleaseHistory
-    from sweeper.matrix import load_matrix
+    from sweeper.bisect.report import render
 
     cs = commits(140)
     report = drive(Search(cs), lambda i: {"a": 0.093 if i < 99 else 0.167}, k=4, rng=np.random.default_rng(0),
                    icc=0.15)
     (mode,) = report.modes
     assert not [c for c in report.changes if c.found] and mode.fails_at_bad and mode.no_change < 0.99
-    cell = load_matrix(Path(__file__).resolve().parents[1] / "matrices" / "bisect-demo.yaml").cells[0]
-    text = render(describe([report], [Target(cell)], ReleaseHistory("vllm", cs, "install.versions"), cs))
+    text = render(summary_of(report, cs))
     assert "no change in the range" not in text
     assert f"no change located in the range; P(no change) {100 * mode.no_change:.2f}% for a" in text
     assert "short of the 99.00% target" in text
@@ -252,18 +279,12 @@ def test_a_change_hidden_by_per_start_variation_is_not_reported_as_no_change() -
 
 
 def test_no_change_is_said_flatly_only_at_the_target() -> None:
-    from pathlib import Path
-
-    from sweeper.bisect.driver import Target
-    from sweeper.bisect.report import describe, render
-    from sweeper.history import ReleaseHistory
-    from sweeper.matrix import load_matrix
+    from sweeper.bisect.report import render
 
     cs = commits(60)
-    cell = load_matrix(Path(__file__).resolve().parents[1] / "matrices" / "bisect-demo.yaml").cells[0]
     report = drive(Search(cs), lambda i: {"a": 0.3}, k=4)
     (mode,) = report.modes
-    summary = describe([report], [Target(cell)], ReleaseHistory("vllm", cs, "install.versions"), cs)
+    summary = summary_of(report, cs)
     text = render(summary)
     assert ("no change in the range" in text) == (mode.no_change >= 0.99)
     # A stored report read back with a looser target: the same posterior now reaches it.
@@ -298,11 +319,11 @@ def test_a_location_sure_only_at_a_low_dispersion_is_not_claimed() -> None:
     search = Search(commits(80))
     for i, starts in data.items():
         for n, k in starts:
-            search.record(f"c{i}", n, {"tool_json": k})
+            search.tell(f"c{i}", n, {"tool_json": k})
     post = search.mode_posterior("tool_json")
     gap = post.points.index(12)
     assert post.gap_change[gap] > 0.99 > post.gap_change_low[gap] > 0.95
     (change,) = search.result().modes[0].changes
     assert change.commit == "c13" and change.confidence == pytest.approx(post.gap_change_low[gap])
     assert not change.found and not search.done
-    assert {r.commit for r in search.next_probes(4)} & {"c12", "c13"}
+    assert {r.commit for r in search.ask(4)} & {"c12", "c13"}

@@ -15,7 +15,7 @@ from conftest import SUITE as TINY_SUITE
 from conftest import make_sim_repo
 
 from sweeper import analysis
-from sweeper.bisect.driver import run_bisect
+from sweeper.bisect.driver import BisectOptions, BisectScope, run_bisect
 from sweeper.bisect.report import render
 from sweeper.environments import list_environments
 from sweeper.errors import BisectError
@@ -93,11 +93,12 @@ def test_bisect_as_typed_names_both_culprits_and_the_fix_with_their_cells(
     root, shas = history
     runs, cache = tmp_path / "runs", tmp_path / "cache"
     with pytest.raises(BisectError, match="no sweep run under .*: run `sweep matrix MATRIX.yaml` first"):
-        run_bisect(good="v0.27", bad="main", runs_dir=runs, cache_dir=cache)
+        run_bisect(BisectScope(good="v0.27", bad="main"), BisectOptions(runs_dir=runs, cache_dir=cache))
     sweep = run_matrix(root / "m.yaml", runs_dir=runs, run_id="sweep", executor=choose(gpus=4), cache_dir=cache)
     envs_after_sweep = {e.sha for e in list_environments(cache)}
 
-    outcome = run_bisect(good="v0.27", bad="main", runs_dir=runs, run_id="b", parallel=4, cache_dir=cache)
+    outcome = run_bisect(BisectScope(good="v0.27", bad="main"),
+                         BisectOptions(runs_dir=runs, run_id="b", parallel=4, cache_dir=cache))
     summary = outcome.summary
     text = render(summary)
     assert text.startswith("Changes by commit:")

@@ -16,8 +16,9 @@ import pytest
 from conftest import wait_for_files
 
 from sweeper import analysis
-from sweeper.bisect.driver import run_bisect
+from sweeper.bisect.driver import BisectOptions, BisectScope, run_bisect
 from sweeper.errors import BisectError
+from sweeper.executor import choose
 from sweeper.store import RunDir
 
 SUITES = Path(__file__).parent.parent / "suites"
@@ -78,8 +79,8 @@ DEMO_CHANGES = {("fsm", "regression", 43911), ("fsm", "fix", 44297), ("whitespac
 @pytest.mark.usefixtures("ray_cluster")
 def test_the_demo_range_names_every_change(demo: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
     root, _ = demo
-    outcome = run_bisect(matrix_path=root / "m.yaml", good="v0.27", bad="main", where=CELL, parallel=4,
-                         runs_dir=tmp_path / "runs", run_id="b", cache_dir=tmp_path / "cache")
+    outcome = run_bisect(BisectScope(good="v0.27", bad="main", matrix_path=root / "m.yaml", where=CELL),
+                         BisectOptions(parallel=4, runs_dir=tmp_path / "runs", run_id="b", cache_dir=tmp_path / "cache"))
     summary = outcome.summary
     assert found(summary) == DEMO_CHANGES
     cell = summary["cells"][0]
@@ -103,12 +104,12 @@ def test_the_demo_range_names_every_change(demo: tuple[Path, dict[str, Any]], tm
     assert all(p["n_failed"] == sum(dict(p["mode_failures"]).values()) for p in probes)
 
 
-@pytest.mark.usefixtures("ray_cluster")
 def test_ambiguous_cell_is_a_clear_error(demo: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
     root, _ = demo
     with pytest.raises(BisectError, match=r"2 cells match \(nothing\); add --where to pick one of: "
                                           r"spec_method=none .*; spec_method=mtp num_speculative_tokens=4"):
-        run_bisect(matrix_path=root / "m.yaml", good="v0.27", bad="main", runs_dir=tmp_path / "runs")
+        run_bisect(BisectScope(good="v0.27", bad="main", matrix_path=root / "m.yaml"),
+                   BisectOptions(runs_dir=tmp_path / "runs"))
 
 
 @pytest.mark.timeout(900)
@@ -166,13 +167,14 @@ axes:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.usefixtures("ray_cluster")
 def test_a_bug_that_varies_per_server_start_is_still_pinned(varying: tuple[Path, dict[str, Any]],
                                                            tmp_path: Path) -> None:
     root, plan = varying
     assert plan["bugs"][0]["rate_sd"] == pytest.approx(0.15)
-    outcome = run_bisect(matrix_path=root / "m.yaml", good="v0.27", bad="v0.29.0", where=CELL, parallel=4,
-                         runs_dir=tmp_path / "runs", run_id="b", cache_dir=tmp_path / "cache")
+    # In this process (the demo range above runs on Ray): the driver is the same either way.
+    outcome = run_bisect(BisectScope(good="v0.27", bad="v0.29.0", matrix_path=root / "m.yaml", where=CELL),
+                         BisectOptions(parallel=4, runs_dir=tmp_path / "runs", run_id="b", cache_dir=tmp_path / "cache"),
+                         executor=choose("local"))
     cell = outcome.summary["cells"][0]
     regressions = [c for c in cell["changes"] if c["found"] and c["direction"] == "regression"]
     assert [c["commit"]["sha"] for c in regressions] == [plan["culprit"]["sha"]]
@@ -183,7 +185,6 @@ def test_a_bug_that_varies_per_server_start_is_still_pinned(varying: tuple[Path,
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.usefixtures("ray_cluster")
 def test_an_engine_crash_under_the_cells_settings_is_a_change_not_a_skip(tmp_path: Path,
                                                                          tiny_suite: Path) -> None:
     from conftest import make_sim_repo
@@ -203,8 +204,9 @@ axes:
   spec_method: [mtp]
   num_speculative_tokens: [2]
 """)
-    outcome = run_bisect(matrix_path=tmp_path / "m.yaml", good="v0.27", bad="c8", where=CELL, parallel=4,
-                         runs_dir=tmp_path / "runs", cache_dir=tmp_path / "cache")
+    outcome = run_bisect(BisectScope(good="v0.27", bad="c8", matrix_path=tmp_path / "m.yaml", where=CELL),
+                         BisectOptions(parallel=4, runs_dir=tmp_path / "runs", cache_dir=tmp_path / "cache"),
+                         executor=choose("local"))
     cell = outcome.summary["cells"][0]
     assert cell["skipped"] == []
     (change,) = [c for c in cell["changes"] if c["found"]]

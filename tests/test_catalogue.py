@@ -16,8 +16,9 @@ import pytest
 from countingfs import Counting
 
 from sweeper import analysis
-from sweeper.bisect import driver
 from sweeper.bisect import modes as fm
+from sweeper.bisect.evidence import Target, load_evidence
+from sweeper.bisect.select import select_cells
 from sweeper.catalogue import CATALOGUE
 from sweeper.matrix import load_matrix
 from sweeper.records import SweepManifest
@@ -35,11 +36,11 @@ def counted(runs: Path) -> tuple[Location, Counting]:
 
 
 @pytest.fixture
-def bisected(tmp_path: Path, tiny_suite: Path) -> tuple[list[driver.Target], Suite, Path]:
+def bisected(tmp_path: Path, tiny_suite: Path) -> tuple[list[Target], Suite, Path]:
     matrix = tmp_path / "m.yaml"
     matrix.write_text(f"name: t\nmodel: m\nsuite: {tiny_suite}\ninstall: {{kind: sim, repo: {tmp_path / 'vllm'}}}\n"
                       "axes:\n  commit: [a, b]\n  spec_method: [none, mtp]\n  num_speculative_tokens: [2]\n")
-    targets = [driver.Target(c) for c in driver.select_cells(load_matrix(matrix), [])]
+    targets = [Target(c) for c in select_cells(load_matrix(matrix), [])]
     return targets, load_suite(tiny_suite), tmp_path / "runs"
 
 
@@ -60,10 +61,10 @@ def write_run(runs: Path, run_id: str, settings: list[str], shas: list[str], dig
             run.write_group(group, table(samples, SAMPLE_SCHEMA), table(cells, CELL_SCHEMA))
 
 
-def evidence(runs: Location | Path, targets: list[driver.Target], suite: Suite) -> dict[str, Any]:
+def evidence(runs: Location | Path, targets: list[Target], suite: Suite) -> dict[str, Any]:
     """`load_evidence` into fresh targets, as plain data."""
-    fresh = [driver.Target(t.cell) for t in targets]
-    driver.load_evidence(runs, fresh, suite, set(SHAS), fm.check_labels(suite), "this-bisect")
+    fresh = [Target(t.cell) for t in targets]
+    load_evidence(runs, fresh, suite, set(SHAS), fm.check_labels(suite), "this-bisect")
     return {t.settings_key: {sha: ([(st.key, sorted((c, sorted(labels)) for c, labels in st.sets), st.reused)
                                     for st in ev.starts], ev.skip) for sha, ev in sorted(t.evidence.items())}
             for t in fresh}
@@ -74,7 +75,7 @@ def files_of(runs: Path, *run_ids: str) -> set[str]:
 
 
 def test_evidence_read_opens_the_same_files_with_fifty_unrelated_runs(
-        bisected: tuple[list[driver.Target], Suite, Path]) -> None:
+        bisected: tuple[list[Target], Suite, Path]) -> None:
     targets, suite, runs = bisected
     keys = [t.settings_key for t in targets]
     write_run(runs, "matching", keys, SHAS[:2], suite.digest)
@@ -97,7 +98,7 @@ def test_evidence_read_opens_the_same_files_with_fifty_unrelated_runs(
     assert len(fs.parquet()) > 100
 
 
-def test_runs_the_catalogue_lacks_are_found(bisected: tuple[list[driver.Target], Suite, Path]) -> None:
+def test_runs_the_catalogue_lacks_are_found(bisected: tuple[list[Target], Suite, Path]) -> None:
     targets, suite, runs = bisected
     keys = [t.settings_key for t in targets]
     write_run(runs, "old", keys[:1], SHAS[:1], suite.digest)
@@ -138,7 +139,7 @@ def test_runs_the_catalogue_lacks_are_found(bisected: tuple[list[driver.Target],
     assert evidence(runs, targets, suite)[keys[1]] == everything[keys[1]]
 
 
-def test_files_moved_aside_leave_the_catalogue(bisected: tuple[list[driver.Target], Suite, Path]) -> None:
+def test_files_moved_aside_leave_the_catalogue(bisected: tuple[list[Target], Suite, Path]) -> None:
     targets, suite, runs = bisected
     keys = [t.settings_key for t in targets]
     write_run(runs, "r", keys, SHAS[:2], suite.digest)

@@ -45,8 +45,9 @@ def sim_servers_of(tmp_path: Path) -> list[int]:
 @pytest.mark.timeout(600)
 def test_a_run_in_s3_killed_resumed_and_read_back(s3: dict[str, str], tmp_path: Path, tiny_suite: Path) -> None:
     from sweeper import analysis
-    from sweeper.bisect import driver
     from sweeper.bisect import modes as fm
+    from sweeper.bisect.evidence import Target, load_evidence
+    from sweeper.bisect.select import select_cells
     from sweeper.catalogue import RunCatalogue
     from sweeper.matrix import load_matrix
     from sweeper.store import RunDir
@@ -126,8 +127,8 @@ def test_a_run_in_s3_killed_resumed_and_read_back(s3: dict[str, str], tmp_path: 
     # Bisect's reuse of stored samples: every (cell, commit) found, one server start each.
     m = load_matrix(matrix)
     suite = load_suite(tiny_suite)
-    targets = [driver.Target(c) for c in driver.select_cells(m, [])]
-    driver.load_evidence(runs, targets, suite, set(shas.values()), fm.check_labels(suite), "another-run")
+    targets = [Target(c) for c in select_cells(m, [])]
+    load_evidence(runs, targets, suite, set(shas.values()), fm.check_labels(suite), "another-run")
     assert len(targets) == 2
     for t in targets:
         assert set(t.evidence) == set(shas.values())

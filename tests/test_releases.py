@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sweeper.bisect.driver import run_bisect
+from sweeper.bisect.driver import BisectOptions, BisectScope, run_bisect
 from sweeper.bisect.report import render
 from sweeper.errors import BisectError
 from sweeper.history import history_for, index_versions
@@ -122,8 +122,8 @@ def test_a_versions_list_in_the_matrix_needs_no_index(tmp_path: Path, index: Pat
 @pytest.mark.usefixtures("ray_cluster")
 def test_bisect_over_the_index_names_the_first_bad_release(tmp_path: Path, index: Path, tiny_suite: Path) -> None:
     path = matrix_file(tmp_path, index, tiny_suite)
-    outcome = run_bisect(matrix_path=path, good="0.1.0", bad="0.3.0", parallel=2, runs_dir=tmp_path / "runs",
-                         run_id="b", cache_dir=tmp_path / "cache")
+    outcome = run_bisect(BisectScope(good="0.1.0", bad="0.3.0", matrix_path=path),
+                         BisectOptions(parallel=2, runs_dir=tmp_path / "runs", run_id="b", cache_dir=tmp_path / "cache"))
     summary = outcome.summary
     (cell,) = summary["cells"]
     assert cell["bad_endpoint"] == "fails"

@@ -178,11 +178,13 @@ def test_html_is_self_contained_and_keeps_secrets(secret_run: RunDir, tmp_path: 
 def test_a_bisect_run_shows_its_changes_and_probes(ray_cluster: None, demo_run: RunDir, tmp_path: Path) -> None:
     from sweeper.bisect import driver
 
-    outcome = driver.run_bisect(matrix_path=Path(__file__).parent.parent / "matrices" / "demo.yaml", good="v0.28.0",
-                                bad="main", where=["spec_method=mtp", "num_speculative_tokens=4",
-                                                   "env.VLLM_USE_V2_MODEL_RUNNER=1", "request.temperature=0"],
-                                runs_dir=demo_run.root.parent, run_id=f"bisect-{tmp_path.name}"[:60],
-                                cache_dir=demo_run.root.parent.parent / "cache")
+    scope = driver.BisectScope(good="v0.28.0", bad="main",
+                               matrix_path=Path(__file__).parent.parent / "matrices" / "demo.yaml",
+                               where=("spec_method=mtp", "num_speculative_tokens=4", "env.VLLM_USE_V2_MODEL_RUNNER=1",
+                                      "request.temperature=0"))
+    outcome = driver.run_bisect(scope, driver.BisectOptions(runs_dir=demo_run.root.parent,
+                                                            run_id=f"bisect-{tmp_path.name}"[:60],
+                                                            cache_dir=demo_run.root.parent.parent / "cache"))
     page = html_report.write(outcome.run, tmp_path / "b.html")
     browser = Browser(tmp_path / "profile")
     script = """(() => ({changes: [...document.querySelectorAll('.change')].map(c => c.innerText),

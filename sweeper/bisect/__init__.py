@@ -1,7 +1,9 @@
 """Bisect: find every change of every failure mode in a commit range.
 
-`search` is the pure ask/tell search, `segments` its statistics, `modes` turns failed checks into
-failure modes, and `driver` runs probes on Ray and stores them.
+Pure: `search` (the ask/tell search), `segments` (its statistics), `modes` (failed checks into
+failure modes), `select` (which cells to bisect) and `report` (bisect.json and its text). The shell:
+`evidence` (what is stored of each cell, read from the runs) and `driver` (probes through an
+executor, results to the store).
 """
 
 from sweeper.bisect.search import (
@@ -13,8 +15,9 @@ from sweeper.bisect.search import (
     Observation,
     ProbeRequest,
     Search,
+    SearchOptions,
 )
 from sweeper.bisect.segments import Rate
 
 __all__ = ["BadEndpoint", "BisectReport", "Change", "Direction", "ModeReport", "Observation", "ProbeRequest",
-           "Rate", "Search"]
+           "Rate", "Search", "SearchOptions"]

@@ -135,6 +135,18 @@ def assign(seen: Mapping[tuple[str, frozenset[str]], set[str]],
     return out
 
 
+def name_modes(samples: Iterable[tuple[str, Iterable[tuple[str, frozenset[str]]]]],
+               case_checks: Mapping[str, set[str]]) -> dict[tuple[str, frozenset[str]], str]:
+    """(case, failed labels) -> mode name, from (commit, that commit's label sets) pairs: `assign`
+    over the commits where each failure signature was seen."""
+    seen: dict[tuple[str, frozenset[str]], set[str]] = defaultdict(set)
+    for sha, sets in samples:
+        for case, failed in sets:
+            if failed:
+                seen[(case, failed)].add(sha)
+    return assign(seen, case_checks)
+
+
 def case_checks(suite: Suite, labels: Mapping[tuple[str, str], str]) -> dict[str, set[str]]:
     return {case.case_id: {labels[(case.case_id, spec.name)] for spec in case.checks} for case in suite.cases}
 

@@ -35,17 +35,23 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections import defaultdict
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from sweeper.bisect.search import BadEndpoint, BisectReport, Change, Direction
 from sweeper.bisect.segments import Rate
 
-if TYPE_CHECKING:
-    from sweeper.bisect.driver import Target
-    from sweeper.history import History
-
 SCHEMA = "sweep-bisect/2"
+
+
+@dataclass(frozen=True)
+class ReportCell:
+    """A bisected cell as the report names it."""
+
+    settings: Mapping[str, Any]  # axis -> value, the commit aside
+    label: str  # the settings on one line
+    settings_key: str
 
 
 def _rate(r: Rate) -> dict[str, Any]:
@@ -72,14 +78,27 @@ def _pairs(changes: Sequence[Change]) -> dict[int, tuple[str | None, str | None]
     return out
 
 
-def describe(reports: Sequence[BisectReport], targets: Sequence[Target], history: History,
-             commits: Sequence[str]) -> dict[str, Any]:
-    """The report of a bisect as JSON-able data (schema in the module docstring)."""
-    info = history.info
+def named_commits(reports: Iterable[BisectReport]) -> set[str]:
+    """The commits `describe` names, so that its caller can look up their `COMMIT` entries."""
+    out = set()
+    for rep in reports:
+        for c in rep.changes:
+            out.add(c.commit)
+            out.update(c.candidates if c.located else (c.candidates[0], c.candidates[-1]))
+    return out
+
+
+def describe(reports: Sequence[BisectReport], cells: Sequence[ReportCell], commits: Sequence[str],
+             commit_info: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The report of a bisect as JSON-able data (schema in the module docstring): one report per
+    cell, over `commits`; `commit_info` holds the `COMMIT` entry of every `named_commits` sha."""
+    def info(sha: str) -> dict[str, Any]:
+        return dict(commit_info[sha])
+
     position = {c: i for i, c in enumerate(commits)}
-    cells = []
+    rows = []
     by_commit: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for target, rep in zip(targets, reports, strict=True):
+    for target, rep in zip(cells, reports, strict=True):
         changes = sorted(rep.changes, key=lambda c: (position[c.commit], c.mode))
         density = {m.mode: [round(p, 5) for p in m.change_density(len(commits))] for m in rep.modes}
         pairs = _pairs(changes)
@@ -102,8 +121,8 @@ def describe(reports: Sequence[BisectReport], targets: Sequence[Target], history
                             "started": next((r for r in change_rows if started and r["mode"] == m.mode
                                              and r["commit"]["sha"] == started.commit), None),
                             "before_good": m.fails_at_good and started is None})
-        cells.append({
-            "cell": {k: v for k, v in target.cell.values.items() if k != "commit"}, "label": target.label,
+        rows.append({
+            "cell": dict(target.settings), "label": target.label,
             "settings_key": target.settings_key, "bad_endpoint": rep.bad_endpoint.value, "done": rep.done,
             "open": rep.open_gaps, "failing_at_bad": failing, "changes": change_rows,
             "modes": [{"mode": m.mode, "at_good": _rate(m.at_good), "at_bad": _rate(m.at_bad), "no_change": m.no_change,
@@ -125,7 +144,7 @@ def describe(reports: Sequence[BisectReport], targets: Sequence[Target], history
         merged_by_commit.append({"commit": info(sha), "changes": list(grouped.values())})
     return {"schema": SCHEMA, "range": {"good": commits[0], "bad": commits[-1], "commits": len(commits) - 1},
             "confidence": reports[0].confidence if reports else None, "by_commit": merged_by_commit,
-            "cells": cells}
+            "cells": rows}
 
 
 # ---- text -----------------------------------------------------------------------------------

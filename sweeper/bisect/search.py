@@ -5,13 +5,17 @@ first. One probe is one server start at one commit replaying the suite: it repor
 its samples fell into each failure mode (`sweeper.bisect.modes`), so a single probe informs every
 mode at once. The caller drives the search with an ask/tell loop and decides how probes run:
 
-    search = Search(commits, confidence=0.99)
+    search = Search(commits, SearchOptions(confidence=0.99))
     while not search.done:
-        for req in search.next_probes(k):                      # one round: up to k commits
+        for req in search.ask(k):                              # one round: up to k commits
             ...start a server at req.commit, replay about req.samples requests...
-            search.record(req.commit, samples, {"json_schema": 3, "thinking_budget": 1})
-            # or search.record_skip(req.commit, "server_failed: ...")
+            search.tell(req.commit, samples, {"json_schema": 3, "thinking_budget": 1})
+            # or search.tell_skip(req.commit, "server_failed: ...")
     report = search.result()
+
+A resumed search is built the same way from what was told before, `Search(commits, options,
+observations=old.observations, rounds=...)`; observations of commits outside `commits` are ignored
+(a widened range keeps everything it can).
 
 Each mode's rate along the range is piecewise constant with unknown change points, and varies
 between server starts (`sweeper.bisect.segments`). For each gap between two neighbouring probed
@@ -72,12 +76,35 @@ class BadEndpoint(StrEnum):
 
 
 @dataclass(frozen=True)
+class SearchOptions:
+    """The search's limits and knobs; the defaults are the calibrated ones (BENCHMARKS.md)."""
+
+    confidence: float = 0.99
+    max_samples: int | None = None  # over the whole search
+    max_rounds: int | None = None
+    max_starts_per_commit: int = 6
+    max_starts_varying: int = 12  # once some mode's rate varies between server starts
+    max_samples_per_commit: int = 4000
+    first_batch: int = 64
+    min_batch: int = 16
+    max_batch: int = 1000
+    min_rate: float = 0.01  # rates below this are below the search's resolution
+    explore: float = 0.05  # a gap this likely to hold a change is searched
+    endpoint_starts: int = 2
+    prior: Prior | None = None  # None: Prior.default()
+    robust_dispersion: bool = True
+
+
+@dataclass(frozen=True)
 class ProbeRequest:
-    """Start a server at `commit` and replay about `samples` requests."""
+    """Start a server at `commit` and replay about `samples` requests. `value`: what the search
+    expects to learn from it, summed over its modes (a driver serving several searches at once
+    merges requests by commit and runs the most valuable)."""
 
     commit: str
     index: int
     samples: int
+    value: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -178,26 +205,27 @@ class _Probe:
 class Search:
     """Ask/tell search for every change of every failure mode. See the module docstring."""
 
-    def __init__(self, commits: Sequence[str], *, confidence: float = 0.99, max_samples: int | None = None,
-                 max_rounds: int | None = None, max_starts_per_commit: int = 6, max_starts_varying: int = 12,
-                 max_samples_per_commit: int = 4000, first_batch: int = 64, min_batch: int = 16,
-                 max_batch: int = 1000, min_rate: float = 0.01, explore: float = 0.05,
-                 endpoint_starts: int = 2, prior: Prior | None = None, robust_dispersion: bool = True) -> None:
+    def __init__(self, commits: Sequence[str], options: SearchOptions | None = None, *,
+                 observations: Iterable[Observation] = (), rounds: int = 0) -> None:
+        """A search over `commits` (good first, bad last) that has already been told `observations`
+        and asked `rounds` rounds (or as many as the observations name, if more)."""
+        o = options or SearchOptions()
         if len(commits) < 2:
             raise BisectError(f"need a good and a bad commit, got {len(commits)} commit(s)")
         if len(set(commits)) != len(commits):
             raise BisectError("candidate commits are not distinct")
-        if not 0.5 < confidence < 1:
-            raise BisectError(f"confidence must be in (0.5, 1), got {confidence}")
+        if not 0.5 < o.confidence < 1:
+            raise BisectError(f"confidence must be in (0.5, 1), got {o.confidence}")
         self.commits = tuple(commits)
-        self.confidence = confidence
-        self.max_samples, self.max_rounds = max_samples, max_rounds
-        self.max_starts, self.max_commit_samples = max_starts_per_commit, max_samples_per_commit
-        self.max_starts_varying = max(max_starts_per_commit, max_starts_varying)
-        self.first_batch, self.min_batch, self.max_batch = first_batch, min_batch, max_batch
-        self.min_rate, self.explore, self.endpoint_starts = min_rate, explore, endpoint_starts
-        self.prior = prior or Prior.default()
-        self.robust_dispersion = robust_dispersion
+        self.options = o
+        self.confidence = o.confidence
+        self.max_samples, self.max_rounds = o.max_samples, o.max_rounds
+        self.max_starts, self.max_commit_samples = o.max_starts_per_commit, o.max_samples_per_commit
+        self.max_starts_varying = max(o.max_starts_per_commit, o.max_starts_varying)
+        self.first_batch, self.min_batch, self.max_batch = o.first_batch, o.min_batch, o.max_batch
+        self.min_rate, self.explore, self.endpoint_starts = o.min_rate, o.explore, o.endpoint_starts
+        self.prior = o.prior or Prior.default()
+        self.robust_dispersion = o.robust_dispersion
         self._index = {c: i for i, c in enumerate(self.commits)}
         self._probes: list[_Probe] = []
         # Per commit index: server starts and samples so far (asked for in every planning loop).
@@ -208,35 +236,37 @@ class Search:
         self._observations: list[Observation] = []
         self._modes: list[str] = []
         self._cache: dict[str, ModePosterior] = {}
-        self.rounds = 0
-
-    # ---- persistence -------------------------------------------------------------------
-
-    @classmethod
-    def from_observations(cls, commits: Sequence[str], observations: Iterable[Observation],
-                          **kwargs: object) -> Search:
-        """Rebuild a search by replaying its observations; those of commits outside `commits`
-        are ignored (a widened range keeps everything it can)."""
-        search = cls(commits, **kwargs)  # type: ignore[arg-type]
+        self.rounds = rounds
         for obs in observations:
-            if obs.commit not in search._index:
-                continue
-            if obs.skip_reason is not None:
-                search.record_skip(obs.commit, obs.skip_reason)
-            else:
-                search.record(obs.commit, obs.samples, obs.failures)
-            search.rounds = max(search.rounds, obs.round)
-        return search
+            if obs.commit in self._index:
+                self._observe(obs)
 
     @property
     def observations(self) -> tuple[Observation, ...]:
+        """Everything told so far, each with the round it was told in: what a resumed search is built from."""
         return tuple(self._observations)
 
     # ---- tell --------------------------------------------------------------------------
 
-    def record(self, commit: str, samples: int, failures: Mapping[str, int]) -> None:
+    def tell(self, commit: str, samples: int, failures: Mapping[str, int]) -> None:
         """One server start at `commit`: `samples` requests, `failures[mode]` of them in each mode
         (a sample is in at most one mode; modes not named had no failure)."""
+        self._tell(commit, samples, failures, self.rounds)
+
+    def tell_skip(self, commit: str, reason: str) -> None:
+        """`commit` cannot be tested (not installed, a server that would not start for a reason
+        naming none of the cell's settings, a hang)."""
+        self._tell_skip(commit, reason, self.rounds)
+
+    def _observe(self, obs: Observation) -> None:
+        # A replayed observation keeps its round, so a resumed search's observations are the old ones.
+        self.rounds = max(self.rounds, obs.round)
+        if obs.skip_reason is not None:
+            self._tell_skip(obs.commit, obs.skip_reason, obs.round)
+        else:
+            self._tell(obs.commit, obs.samples, obs.failures, obs.round)
+
+    def _tell(self, commit: str, samples: int, failures: Mapping[str, int], round_no: int) -> None:
         i = self._lookup(commit)
         if i in self._skipped:
             raise BisectError(f"{commit} was recorded as untestable")
@@ -252,17 +282,17 @@ class Search:
         self._probes.append(_Probe(i, samples, fails))
         self._n_starts[i] += 1
         self._n_samples[i] += samples
-        self._observations.append(Observation(commit, samples, dict(fails), None, self.rounds))
+        self._observations.append(Observation(commit, samples, dict(fails), None, round_no))
         self._cache.clear()
 
-    def record_skip(self, commit: str, reason: str) -> None:
+    def _tell_skip(self, commit: str, reason: str, round_no: int) -> None:
         i = self._lookup(commit)
         self._in_flight.discard(i)
         if i in self._skipped:
             return
         self._skipped[i] = reason
         # Samples of a commit that later proves untestable stay: they are real observations.
-        self._observations.append(Observation(commit, 0, {}, reason, self.rounds))
+        self._observations.append(Observation(commit, 0, {}, reason, round_no))
         self._cache.clear()
 
     def _lookup(self, commit: str) -> int:
@@ -439,13 +469,6 @@ class Search:
             slots[max(gains, key=lambda key: (gains[key], -key[0][0]))] += 1
         return placed()
 
-    def wants(self, k: int) -> list[tuple[ProbeRequest, float]]:
-        """The probes the next round would ask for, with their value; changes nothing. A driver
-        serving several searches at once merges these by commit."""
-        if self._limits_reached():
-            return []
-        return [(self._request(i, n), value) for i, (n, value) in sorted(self._plan(k).items())]
-
     def _batch(self, p_lo: float, p_hi: float, rho: float) -> int:
         lo, hi = sorted((p_lo, p_hi))
         hi = max(hi, 3 * lo, lo + 0.05)
@@ -460,21 +483,24 @@ class Search:
     def done(self) -> bool:
         return self._limits_reached() or not self._needs()
 
-    def next_probes(self, k: int = 1) -> list[ProbeRequest]:
-        """The next round: up to k probes on distinct commits not already in flight."""
+    def ask(self, k: int = 1) -> list[ProbeRequest]:
+        """The next round: up to k probes on distinct commits not already in flight, each with its
+        value. Asking counts a round; a request is answered by `tell` or `tell_skip`."""
         if k < 1:
             raise BisectError(f"k must be >= 1, got {k}")
-        reqs = [req for req, _ in self.wants(k)]
+        if self._limits_reached():
+            return []
+        reqs = [self._request(i, n, value) for i, (n, value) in sorted(self._plan(k).items())]
         if reqs:
             self.rounds += 1
             self._in_flight.update(r.index for r in reqs)
         return reqs
 
-    def _request(self, i: int, n: int) -> ProbeRequest:
+    def _request(self, i: int, n: int, value: float) -> ProbeRequest:
         room = self.max_commit_samples - self._samples_at(i)
         if self.max_samples is not None:
             room = min(room, max(1, self.max_samples - self.total_samples))
-        return ProbeRequest(self.commits[i], i, max(1, min(n, room)))
+        return ProbeRequest(self.commits[i], i, max(1, min(n, room)), value)
 
     # ---- result ------------------------------------------------------------------------
 
