@@ -270,24 +270,31 @@ def _too_broad(c: _Conj, dims: Mapping[str, Sequence[str | None]], n: np.ndarray
     inside = c.mask
     used = {d for d, _ in c.terms}
     cols = {d: np.array(list(vs), dtype=object) for d, vs in dims.items() if d not in used}
-    parts: list[np.ndarray] = []
+    terms: list[np.ndarray] = []  # one more term: the refinements a smaller conjunction competes with
     for col in cols.values():
         for v in sorted({x for x in col[inside] if x is not None}):
-            parts.append(inside & (col == v))
+            terms.append(inside & (col == v))
+    finer: list[np.ndarray] = []
     for c1, c2 in itertools.combinations(cols.values(), 2):
         for v1, v2 in itertools.product(sorted({x for x in c1[inside] if x is not None}),
                                         sorted({x for x in c2[inside] if x is not None})):
-            parts.append(inside & (c1 == v1) & (c2 == v2))
+            finer.append(inside & (c1 == v1) & (c2 == v2))
     for i in np.flatnonzero(inside):
         part = np.zeros_like(inside)
         part[i] = True
-        parts.append(part)
+        finer.append(part)
     for cell in np.unique(cell_of[inside]):
         part = inside & (cell_of == cell)
         if part.sum() > 1:
-            parts.append(part)
-    # Each part's complement too: all failures in one corner makes the rest the clean part.
-    parts += [inside & ~p for p in parts]
+            finer.append(part)
+    # Each part's complement too: all failures in one corner makes the rest the clean part. The
+    # one-term refinements have a Bonferroni budget of their own, so that the many finer parts do not
+    # drown the plain "its other half never fails"; the two budgets together stay within 2 alpha.
+    return any(_clean_part(tier + [inside & ~p for p in tier], inside, n, k, alpha, rho) for tier in (terms, finer))
+
+
+def _clean_part(parts: list[np.ndarray], inside: np.ndarray, n: np.ndarray, k: np.ndarray, alpha: float,
+                rho: float) -> bool:
     total_k = int(k[inside].sum())
     parts = [p for p in parts if 0 < n[p].sum() < n[inside].sum()]
     if not parts:

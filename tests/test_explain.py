@@ -343,3 +343,32 @@ def test_the_notebook_explains_the_demo_run(demo_run: RunDir) -> None:
         env={**os.environ, "SWEEP_RUN": str(demo_run.root)})
     printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "spec_method=mtp ∧ VLLM_USE_V2_MODEL_RUNNER=1 → 40/40 failing vs 0/200 elsewhere" in printed
+
+
+def test_explain_json_and_unwrapped_text_from_the_cli(demo_run: RunDir) -> None:
+    """`--explain --json` prints only JSON, with the schema runs/README.md documents; piped text keeps
+    each line whole, however long."""
+    from typer.testing import CliRunner
+
+    from sweeper.cli import app
+
+    runs = str(demo_run.root.parent)
+    result = CliRunner().invoke(app, ["report", "demo", "--runs-dir", runs, "--explain", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["schema_version"] == 1 and doc["labels_from_suite"] is True
+    budget = next(m for m in doc["modes"] if m["scope"]["commits"] == ["main"])
+    assert budget["verdict"] == "explained"
+    assert [(t["name"], t["value"], t["effective"]) for t in budget["conjunction"]] == \
+        [("spec_method", "mtp", False), ("VLLM_USE_V2_MODEL_RUNNER", "1", False)]
+    assert (budget["inside"]["failed"], budget["inside"]["n"], budget["outside"]["n"]) == (40, 40, 200)
+    assert budget["test"]["p_adjusted"] < doc["alpha"] and budget["aliases"] == []
+    readme = (Path(__file__).parent.parent / "runs" / "README.md").read_text()
+    for key in ["schema_version", *budget, *budget["inside"], *budget["test"], *budget["dispersion"]]:
+        assert f"`{key}`" in readme, key
+    bad = CliRunner().invoke(app, ["report", "demo", "--runs-dir", runs, "--json"])
+    assert (bad.exit_code, bad.output.strip()) == (1, "error: --json goes with --explain")
+    text = CliRunner().invoke(app, ["report", "demo", "--runs-dir", runs, "--explain"]).stdout
+    line = next(x for x in text.splitlines() if "spec_method=mtp ∧ VLLM_USE_V2_MODEL_RUNNER=1 →" in x)
+    assert line.startswith("  ") and line.endswith(")") and len(line) > 150
+    assert all(len(x) <= 200 or x.startswith("  ") for x in text.splitlines() if "→" in x)
