@@ -188,9 +188,11 @@ def test_a_confounded_design_is_not_identifiable(suite: Suite) -> None:
 
 def test_a_mode_no_conjunction_explains(suite: Suite) -> None:
     # Fails with mtp on V1 and without spec decoding on V2: no conjunction of axis values holds both.
+    # Half the samples of each start fail: starts of one cell that agree on a rate show the dispersion
+    # is low (all failing, they would leave it to the prior).
     axes = {"spec_method": ["none", "mtp"], "env.VLLM_USE_V2_MODEL_RUNNER": ["0", "1"]}
-    samples, cells = build(axes, lambda c: 1.0 if (c["spec_method"] == "mtp") != (c["env.VLLM_USE_V2_MODEL_RUNNER"] == "1")
-                           else 0)
+    samples, cells = build(axes, lambda c: 0.5 if (c["spec_method"] == "mtp") != (c["env.VLLM_USE_V2_MODEL_RUNNER"] == "1")
+                           else 0, n=40)
     m = only(explain.explain(samples, cells, suite=suite))
     assert m.verdict is Verdict.UNEXPLAINED and m.terms == ()
     assert m.tried == 8 and m.failures == 40
