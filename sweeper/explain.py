@@ -16,13 +16,20 @@ hung (`server_failed`, `crashed`, `timeout`) is a mode of its own, counted in se
 * **Candidates.** Every conjunction of at most `max_terms` (axis = level) terms on distinct axes,
   each tested with a one-sided Fisher exact test on those effective counts (more failures inside
   than outside); p-values are Holm-corrected over every conjunction tried.
-* **The explanation** is the smallest conjunction that (1) holds at least 95 % of the mode's
-  failures and (2) has no part that is credibly clean (the same effective counts, Bonferroni over
-  the parts: one or two more terms, or a single start): "mtp" alone is rejected when its V1 half
-  never fails. Ties go to the smaller p-value. Conjunctions of that size that select exactly the
-  same starts are its aliases: the design cannot tell them apart, and the result is "not
-  identifiable in this matrix" with each of them listed. A mode with no such conjunction, or whose
-  best one is not significant after correction, is reported unexplained.
+* **The explanation** is the smallest significant conjunction that (1) holds at least 95 % of the
+  mode's failures and (2) has no part that is credibly clean (effective counts at the dispersion
+  between starts of one cell; Bonferroni over the one-term refinements, and separately over the
+  finer parts: two more terms, a single cell, a single start): "mtp" alone is rejected when its V1
+  half never fails. A smaller conjunction that fits but is not significant (one of its starts clean
+  by chance makes the dispersion it needs high) gives way to a larger one that is. Ties go to the
+  smaller p-value. Conjunctions of that size that select exactly the same starts are its aliases:
+  the design cannot tell them apart, and the result is "not identifiable in this matrix" with each
+  of them listed. A mode with no fitting conjunction is unexplained; one whose best is not
+  significant after correction is "too few samples".
+
+Identical replays (the repeats of a case on one server) are not modelled apart: they are samples of
+their start, and how much a start's samples agree is what the dispersion learns (its grid reaches
+0.9, where a start of replays is worth about one draw per distinct request).
 """
 
 from __future__ import annotations
