@@ -39,7 +39,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# `--src PATH` measures the explain of another checkout (e.g. `git archive` of an older commit).
+_SRC = sys.argv[sys.argv.index("--src") + 1] if "--src" in sys.argv else str(Path(__file__).resolve().parent.parent)
+sys.path.insert(0, _SRC)
 from sweeper import explain
 from sweeper.explain import Verdict
 from sweeper.stats import wilson
@@ -198,7 +200,7 @@ def score(m: Matrix, e: explain.Explanation) -> dict[str, Any]:
         category = _near(set(m.planted), named)
     return {"verdict": mode.verdict.value if mode else "none", "claimed": claimed, "aliases": alts,
             "significant": significant, "category": category,
-            "p_adjusted": mode.p_adjusted if mode else None, "rho": mode.rho if mode else None}
+            "p_adjusted": mode.p_adjusted if mode else None, "rho": getattr(mode, "rho", None)}
 
 
 def _near(planted: set[tuple[str, str]], named: list[list[tuple[str, str]]]) -> str:
@@ -279,6 +281,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--src", help="a checkout whose sweeper to measure (default: this one)")
     parser.add_argument("--examples", type=int, default=3, help="misses printed per family")
     a = parser.parse_args()
     work = [(f, a.seed * 1_000_000 + FAMILIES.index(f) * 100_000 + i)
