@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -140,6 +141,7 @@ def report_cmd(
     mode: Annotated[str | None, typer.Option("--mode", help="With --issue: the failure mode (its number in --explain, or part of its name).")] = None,
     against: Annotated[str | None, typer.Option("--against", help="Compare with this run: failure-rate change per cell with its interval.")] = None,
     all_cells: Annotated[bool, typer.Option("--all", help="Show every cell in the table (default: the 200 that fail most, when there are more).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="With --explain: print the explanation as JSON only (schema: runs/README.md).")] = False,
 ) -> None:
     """Failure rates per cell with 95% intervals; optionally a heatmap, the explanation, an HTML report,
     a vLLM bug report, or a comparison with another run.
@@ -160,6 +162,14 @@ def report_cmd(
         return
     if mode is not None:
         raise SweepError("--mode goes with --issue")
+    if as_json:
+        if not explain:
+            raise SweepError("--json goes with --explain")
+        from sweeper.explain_json import to_json
+
+        # JSON only, so it can be piped into jq or a file.
+        sys.stdout.write(json.dumps(to_json(report.explain_run(run)), indent=2) + "\n")
+        return
     # The table alone needs a few of the cells' columns; the explanation and a comparison need them all.
     cells_table = analysis.load_table(run, "cells", None if explain or against else report.TABLE_COLUMNS)
     cells = analysis.frame(cells_table)
@@ -181,7 +191,8 @@ def report_cmd(
     if explain:
         from sweeper.explain import render
 
-        out.print(render(report.explain_run(run, cells=cells)), markup=False, highlight=False)
+        # Never wrapped: one line per fact, so a mode's line can be grepped from piped output.
+        out.print(render(report.explain_run(run, cells=cells)), markup=False, highlight=False, soft_wrap=True)
     if heatmap:
         row_axes = [a for a in (rows or "commit").split(",") if a]
         col_axes = [a for a in (cols or "spec_method").split(",") if a]

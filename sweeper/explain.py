@@ -1,25 +1,35 @@
 """Which settings make each failure mode fail: the smallest conjunction of axis values behind it. Pure.
 
 Failure modes are the ones bisect uses (`sweeper.bisect.modes`): a failed sample's case and failed
-checks, merged into modes by commits seen together. For each mode:
+checks, merged into modes by commits seen together. A cell whose server did not come up, crashed or
+hung (`server_failed`, `crashed`, `timeout`) is a mode of its own, counted in server starts. For each:
 
 * **Where.** The commits that show it are its scope (the commit is what a bisect explains); the
   samples are those of the cases that can show it (cases whose checks cover one of its signatures).
-* **Dimensions.** Every axis but the commit, on the value that RAN: where a cell's effective
-  configuration differs from the request (`effective_differs`: async scheduling turned off, Model
-  Runner V2 fallen back to V1, an attention backend replaced), the effective value stands in, and
-  the term says so. Effective settings no axis asks for (async scheduling left to its default) are
-  dimensions of their own. An axis with a single value besides "not applicable" (the number of
-  speculative tokens when one spec method is off) is no dimension: it only restates another axis.
-* **Candidates.** Every conjunction of at most `max_terms` (axis = value) terms on distinct axes.
-  Each is tested with a one-sided Fisher exact test (more failures inside than outside); p-values
-  are Holm-corrected over every conjunction tried.
-* **The explanation** is the smallest conjunction that (1) holds at least 95 % of the mode's
-  failures and (2) has no part that is credibly clean (Fisher, Bonferroni over the parts: one or
-  two more terms, or a single cell): "mtp" alone is rejected when its V1 half never fails. Ties go to the
-  smaller p-value. If other conjunctions of that size select exactly the same cells, the design
-  cannot tell them apart: the result is "not identifiable in this matrix". A mode with no such
-  conjunction, or whose best one is not significant after correction, is reported unexplained.
+* **Dimensions.** Every axis but the commit, at the levels `sweeper.levels` reads: the value that
+  ran where it differs from the request (the term says so), the version's default resolved to what
+  ran, `unset` where an include rule left the axis out; effective settings no axis asks for are
+  dimensions of their own. An axis with a single level besides "not applicable" is no dimension.
+* **Evidence is counted per server start** (`sweeper.overdispersion`): for each conjunction the
+  intra-class correlation of failures within a start is learned from how the starts inside and
+  outside it disagree, and each start's samples count as what they are worth at that dispersion.
+* **Candidates.** Every conjunction of at most `max_terms` (axis = level) terms on distinct axes,
+  each tested with a one-sided Fisher exact test on those effective counts (more failures inside
+  than outside); p-values are Holm-corrected over every conjunction tried.
+* **The explanation** is the smallest significant conjunction that (1) holds at least 95 % of the
+  mode's failures and (2) has no part that is credibly clean (effective counts at the dispersion
+  between starts of one cell; Bonferroni over the one-term refinements, and separately over the
+  finer parts: two more terms, a single cell, a single start): "mtp" alone is rejected when its V1
+  half never fails. A smaller conjunction that fits but is not significant (one of its starts clean
+  by chance makes the dispersion it needs high) gives way to a larger one that is. Ties go to the
+  smaller p-value. Conjunctions of that size that select exactly the same starts are its aliases:
+  the design cannot tell them apart, and the result is "not identifiable in this matrix" with each
+  of them listed. A mode with no fitting conjunction is unexplained; one whose best is not
+  significant after correction is "too few samples".
+
+Identical replays (the repeats of a case on one server) are not modelled apart: they are samples of
+their start, and how much a start's samples agree is what the dispersion learns (its grid reaches
+0.9, where a start of replays is worth about one draw per distinct request).
 """
 
 from __future__ import annotations
@@ -27,8 +37,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import itertools
-import json
-import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,31 +46,22 @@ import numpy as np
 import pandas as pd
 from scipy.stats import hypergeom
 
+from sweeper import overdispersion as od
 from sweeper.bisect import modes as fm
+from sweeper.levels import COMMIT, EFFECTIVE_SUFFIX, Units, axes_map, units, value_text
+from sweeper.stats import wilson
 from sweeper.suite import Suite
 
-COMMIT = "commit"
+__all__ = ["COMMIT", "EFFECTIVE_SUFFIX", "value_text"]  # re-exported: readers import them from here
+
 COVERAGE = 0.95  # the share of a mode's failures a conjunction must hold
-# Axis -> (the name `effective_differs` uses, the cell column of the effective value).
-_EFFECTIVE_OF = {
-    "spec_method": ("spec_method", "effective_spec_method"),
-    "num_speculative_tokens": ("num_speculative_tokens", "effective_num_speculative_tokens"),
-    "async_scheduling": ("async_scheduling", "effective_async_scheduling"),
-    "attention_backend": ("attention_backend", "effective_attention_backend"),
-    "env.VLLM_USE_V2_MODEL_RUNNER": ("model_runner", "effective_model_runner"),
-}
-# Effective settings that are dimensions of their own when no axis asks for them.
-_EFFECTIVE_ONLY = {
-    "async_scheduling": "effective_async_scheduling",
-    "model_runner": "effective_model_runner",
-    "attention_backend": "effective_attention_backend",
-}
-EFFECTIVE_SUFFIX = " (effective)"
+SERVER_MODES = ("server_failed", "crashed", "timeout")  # cell statuses that are modes of their own
+TEST = "one-sided Fisher on per-start effective counts (beta-binomial dispersion), Holm-adjusted"
 
 
 class Verdict(enum.StrEnum):
     EXPLAINED = "explained"
-    NOT_IDENTIFIABLE = "not identifiable"  # several conjunctions select the same cells
+    NOT_IDENTIFIABLE = "not identifiable"  # several conjunctions select the same starts
     EVERYWHERE = "every setting"  # no setting matters: it fails alike in every cell of its commits
     UNEXPLAINED = "unexplained"  # no conjunction of at most max_terms terms separates it
     TOO_FEW = "too few samples"  # the best conjunction is not significant after correction
@@ -73,6 +72,7 @@ class Term:
     axis: str
     value: str
     effective: bool = False  # some cell in scope ran another value than it asked for on this axis
+    requested: tuple[str, ...] = field(default=(), compare=False)  # what the selected cells asked for
 
     def __str__(self) -> str:
         mark = "" if self.axis.endswith(EFFECTIVE_SUFFIX) or not self.effective else EFFECTIVE_SUFFIX
@@ -86,6 +86,19 @@ class Count:
 
     def __str__(self) -> str:
         return f"{self.failed:,}/{self.n:,}"
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One side of a conjunction as the test weighs it: server starts, effective counts, the rate
+    with its 95 % interval (Wilson on the effective counts)."""
+
+    starts: int
+    failed: float
+    n: float
+    rate: float
+    low: float
+    high: float
 
 
 @dataclass(frozen=True)
@@ -103,18 +116,26 @@ class ModeExplanation:
     terms: tuple[Term, ...]
     inside: Count  # samples where the conjunction holds, on the commits that show the mode
     outside: Count
-    p_value: float | None  # one-sided Fisher
+    p_value: float | None  # one-sided Fisher on effective counts
     p_adjusted: float | None  # Holm over `tried`
     tried: int
     cases: tuple[str, ...]
     commits: tuple[str, ...]  # commits that show the mode, in history order
     clean_commits: tuple[tuple[str, Count], ...]  # other commits: the same cases where the conjunction holds
     without: tuple[Without, ...] = ()
-    alternatives: tuple[tuple[Term, ...], ...] = ()  # same cells selected: not identifiable
+    alternatives: tuple[tuple[Term, ...], ...] = ()  # same starts selected: not identifiable
     effective_notes: tuple[str, ...] = ()
     failing_cells: tuple[tuple[str, Count], ...] = ()  # cell_id -> this mode's failures there
     failures: int = 0
     cells_in_scope: int = 0
+    unit: str = "samples"  # "server starts" for a mode of failed servers
+    rho: float = 0.0  # the per-start dispersion the test used
+    rho_high: float = 0.0  # the largest dispersion the data leave credible
+    starts: int = 0  # server starts in scope
+    worth: float = 0.0  # what the samples in scope count as at `rho`
+    inside_evidence: Evidence | None = None
+    outside_evidence: Evidence | None = None
+    details: tuple[tuple[str, int], ...] = ()  # a failed server's status_detail lines, with their starts
 
     @property
     def conjunction(self) -> str:
@@ -143,19 +164,8 @@ def display_axis(axis: str) -> str:
     return axis.removeprefix("env.").removeprefix("request.")
 
 
-def value_text(value: Any) -> str | None:
-    """An axis value as a term shows it; None when the axis does not apply to the cell."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return None
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
 def _failed_list(value: Any) -> list[str] | None:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if value is None or (isinstance(value, float) and np.isnan(value)):
         return None
     return [str(v) for v in value]
 
@@ -190,59 +200,6 @@ def classify(samples: pd.DataFrame, suite: Suite | None) -> Classified:
     return Classified(mode, cases, dict(signatures))
 
 
-# ---- the per-cell table -------------------------------------------------------------------------
-
-@dataclass
-class _Cells:
-    ids: list[str]
-    commit: list[str]
-    dims: dict[str, list[str | None]]  # dimension -> value per cell (effective where it differs)
-    requested: dict[str, list[str | None]]
-    substituted: dict[str, list[bool]]
-
-
-def _cell_table(samples: pd.DataFrame, cells: pd.DataFrame | None) -> _Cells:
-    first = samples.drop_duplicates("cell_id")
-    ids = [str(c) for c in first["cell_id"]]
-    axes: dict[str, dict[str, Any]] = {}
-    for cid, amap in zip(ids, first["axes"], strict=True):
-        axes[cid] = {k: json.loads(v) for k, v in (amap or [])} if not isinstance(amap, dict) else \
-            {k: json.loads(v) for k, v in amap.items()}
-    names = list(dict.fromkeys(k for m in axes.values() for k in m if k != COMMIT))
-    eff_rows: dict[str, Mapping[str, Any]] = {}
-    if cells is not None and not cells.empty:
-        eff_rows = {str(r["cell_id"]): r for r in cells.drop_duplicates("cell_id").to_dict("records")}
-    requested = {n: [value_text(axes[c].get(n)) for c in ids] for n in names}
-    dims = {n: list(v) for n, v in requested.items()}
-    substituted = {n: [False] * len(ids) for n in names}
-    for name in names:
-        if name not in _EFFECTIVE_OF:
-            continue
-        diff_name, column = _EFFECTIVE_OF[name]
-        for i, cid in enumerate(ids):
-            row = eff_rows.get(cid)
-            raw = row.get("effective_differs") if row is not None else None
-            differs = [] if raw is None else [str(x) for x in raw]
-            if row is None or diff_name not in differs or value_text(row.get(column)) is None:
-                continue
-            value = value_text(row.get(column))
-            if name == "env.VLLM_USE_V2_MODEL_RUNNER":
-                # Stated in the axis' own terms, so the term reads as the user's setting.
-                value = {"V2": "1", "V1": "0"}.get(str(value), value)
-            dims[name][i], substituted[name][i] = value, True
-    covered = {_EFFECTIVE_OF[n][0] for n in names if n in _EFFECTIVE_OF}
-    for name, column in _EFFECTIVE_ONLY.items():
-        if name in covered or not eff_rows:
-            continue
-        values = [value_text(eff_rows[c].get(column)) if c in eff_rows else None for c in ids]
-        key = name + EFFECTIVE_SUFFIX
-        dims[key] = values
-        requested[key] = values
-        substituted[key] = [False] * len(ids)
-    commit = [str(c) for c in first[COMMIT]]
-    return _Cells(ids, commit, dims, requested, substituted)
-
-
 # ---- statistics ---------------------------------------------------------------------------------
 
 def holm(p: np.ndarray) -> np.ndarray:
@@ -257,10 +214,25 @@ def holm(p: np.ndarray) -> np.ndarray:
     return out
 
 
-def fisher_greater(a: np.ndarray, n_in: np.ndarray, k: int, n: int) -> np.ndarray:
+def fisher_greater(a: Any, n_in: Any, k: Any, n: Any) -> np.ndarray:
     """One-sided Fisher exact p: at least `a` of the `k` failures among `n_in` of `n` samples."""
-    p: np.ndarray = np.clip(hypergeom.sf(a - 1, n, k, n_in), 0.0, 1.0)
+    p: np.ndarray = np.clip(hypergeom.sf(np.asarray(a) - 1, n, k, n_in), 0.0, 1.0)
     return p
+
+
+def _effective_fisher(a: np.ndarray, n_in: np.ndarray, k: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Fisher on effective (real-valued) counts, rounded to whole samples consistently."""
+    big_n = np.maximum(np.rint(n), 1)
+    big_k = np.clip(np.rint(k), 0, big_n)
+    n_i = np.clip(np.rint(n_in), 0, big_n)
+    a_i = np.clip(np.rint(a), 0, np.minimum(big_k, n_i))
+    return fisher_greater(a_i, n_i, big_k, big_n)
+
+
+def _evidence(mask: np.ndarray, n: np.ndarray, k: np.ndarray, w: np.ndarray) -> Evidence:
+    ne, ke = float((n * w)[mask].sum()), float((k * w)[mask].sum())
+    low, high = wilson(min(ke, ne), ne)
+    return Evidence(int((mask & (n > 0)).sum()), ke, ne, ke / ne if ne else 0.0, low, high)
 
 
 # ---- the search ---------------------------------------------------------------------------------
@@ -273,6 +245,8 @@ class _Conj:
     n_in: int = 0
     p: float = 1.0
     p_adj: float = 1.0
+    rho: float = 0.0
+    rho_high: float = 0.0
 
 
 def _conjunctions(dims: Mapping[str, Sequence[str | None]], max_terms: int) -> Iterable[tuple[tuple[str, str], ...]]:
@@ -292,39 +266,60 @@ def _mask(dims: Mapping[str, Sequence[str | None]], terms: Sequence[tuple[str, s
 
 
 def _too_broad(c: _Conj, dims: Mapping[str, Sequence[str | None]], n: np.ndarray, k: np.ndarray,
-               alpha: float) -> bool:
+               alpha: float, rho: float, cell_of: np.ndarray) -> bool:
     """Whether a part of `c` is credibly clean: a part holding at most 5 % of its failures whose
-    count is improbably low at the rate of the rest (one-sided Fisher, Bonferroni over the parts
-    tried). Parts: one or two more terms, each single cell (a clean corner of an interaction no
+    count is improbably low at the rate of the rest (one-sided Fisher on effective counts,
+    Bonferroni over the parts tried). The dispersion `rho` is the one within settings: how starts of
+    one cell disagree (a part that differs for real would pass for noise at the dispersion of a
+    split that lumps it with the rest). Parts: one
+    or two more terms, each single start and each single cell (a clean corner of an interaction no
     single term splits off), and the complement of each."""
     inside = c.mask
     used = {d for d, _ in c.terms}
     cols = {d: np.array(list(vs), dtype=object) for d, vs in dims.items() if d not in used}
-    parts: list[np.ndarray] = []
+    terms: list[np.ndarray] = []  # one more term: the refinements a smaller conjunction competes with
     for col in cols.values():
         for v in sorted({x for x in col[inside] if x is not None}):
-            parts.append(inside & (col == v))
+            terms.append(inside & (col == v))
+    finer: list[np.ndarray] = []
     for c1, c2 in itertools.combinations(cols.values(), 2):
         for v1, v2 in itertools.product(sorted({x for x in c1[inside] if x is not None}),
                                         sorted({x for x in c2[inside] if x is not None})):
-            parts.append(inside & (c1 == v1) & (c2 == v2))
+            finer.append(inside & (c1 == v1) & (c2 == v2))
     for i in np.flatnonzero(inside):
         part = np.zeros_like(inside)
         part[i] = True
-        parts.append(part)
-    # Each part's complement too: all failures in one corner makes the rest the clean part.
-    parts += [inside & ~p for p in parts]
-    total_k, total_n = int(k[inside].sum()), int(n[inside].sum())
-    parts = [p for p in parts if 0 < n[p].sum() < total_n]
+        finer.append(part)
+    for cell in np.unique(cell_of[inside]):
+        part = inside & (cell_of == cell)
+        if part.sum() > 1:
+            finer.append(part)
+    # Each part's complement too: all failures in one corner makes the rest the clean part. The
+    # one-term refinements have a Bonferroni budget of their own, so that the many finer parts do not
+    # drown the plain "its other half never fails"; the two budgets together stay within 2 alpha.
+    return any(_clean_part(tier + [inside & ~p for p in tier], inside, n, k, alpha, rho) for tier in (terms, finer))
+
+
+def _clean_part(parts: list[np.ndarray], inside: np.ndarray, n: np.ndarray, k: np.ndarray, alpha: float,
+                rho: float) -> bool:
+    total_k = int(k[inside].sum())
+    parts = [p for p in parts if 0 < n[p].sum() < n[inside].sum()]
     if not parts:
         return False
-    k_part = np.array([k[p].sum() for p in parts])
-    n_part = np.array([n[p].sum() for p in parts])
+    stack = np.array(parts, dtype=bool)
+    k_part = stack @ k
     clean = k_part <= (1 - COVERAGE) * total_k
     if not clean.any():
         return False
+    part = stack[clean]
+    w = od.weights(n, np.full(len(part), rho))
+    ke, ne = w * k[None, :], w * n[None, :]
+    big_n = np.maximum(1.0, np.rint((ne * inside).sum(axis=1)))
+    big_k = np.rint((ke * inside).sum(axis=1))
+    n_part = np.clip(np.rint((ne * part).sum(axis=1)), 0, big_n)
+    k_eff = np.clip(np.rint((ke * part).sum(axis=1)), 0, np.minimum(big_k, n_part))
     # P(at most k_part failures in the part | the failures of c spread over its samples at random)
-    p_clean = hypergeom.cdf(k_part[clean], total_n, total_k, n_part[clean])
+    p_clean = hypergeom.cdf(k_eff, big_n, big_k, n_part)
     return bool((p_clean < alpha / len(parts)).any())
 
 
@@ -333,80 +328,144 @@ def explain(samples: pd.DataFrame, cells: pd.DataFrame | None = None, *, suite: 
     """Explain every failure mode of a samples table (see the module docstring).
 
     `samples`: rows of a run's samples table with one column per axis or the `axes` map
-    (`sweeper.analysis.load_samples`); `cells`: its cells table, for effective values; `suite`: the
-    run's suite, so modes are exactly bisect's (without it, checks are told apart by name only);
-    `commit_order`: commits in history order, for listing.
+    (`sweeper.analysis.load_samples`); `cells`: its cells table, for effective values and failed
+    servers; `suite`: the run's suite, so modes are exactly bisect's (without it, checks are told
+    apart by name only); `commit_order`: commits in history order, for listing.
     """
-    if samples.empty:
-        return Explanation((), alpha, max_terms, 0, suite is not None)
-    samples = samples.reset_index(drop=True)
-    classified = classify(samples, suite)
-    table = _cell_table(samples, cells)
-    index = {cid: i for i, cid in enumerate(table.ids)}
-    cell_of = np.array([index[str(c)] for c in samples["cell_id"]])
+    rows: dict[str, Mapping[str, Any]] = {}
+    if cells is not None and not cells.empty:
+        rows = {str(r["cell_id"]): r for r in cells.drop_duplicates("cell_id").to_dict("records")}
     order = {c: i for i, c in enumerate(commit_order or ())}
-    commits_all = sorted(set(table.commit), key=lambda c: (order.get(c, len(order)), c))
     out = []
-    modes = sorted({m for m in classified.mode if m is not None},
-                   key=lambda m: -sum(1 for x in classified.mode if x == m))
-    for mode in modes:
-        out.append(_explain_mode(mode, samples, classified, table, cell_of, commits_all, alpha, max_terms))
+    if not samples.empty:
+        samples = samples.reset_index(drop=True)
+        classified = classify(samples, suite)
+        starts = _start_ids(samples)
+        cell_ids = [str(c) for c in samples["cell_id"]]
+        keys = list(dict.fromkeys(zip(cell_ids, starts, strict=True)))
+        first = samples.drop_duplicates("cell_id")
+        axes = {str(c): axes_map(a) for c, a in zip(first["cell_id"], first["axes"], strict=True)}
+        commit = {str(c): str(v) for c, v in zip(first["cell_id"], first[COMMIT], strict=True)}
+        table = units(keys, axes, commit, rows)
+        index = {key: i for i, key in enumerate(keys)}
+        unit_of = np.array([index[key] for key in zip(cell_ids, starts, strict=True)])
+        commits_all = sorted(set(table.commit), key=lambda c: (order.get(c, len(order)), c))
+        modes = sorted({m for m in classified.mode if m is not None},
+                       key=lambda m: -sum(1 for x in classified.mode if x == m))
+        case_col = [str(c) for c in samples["case_id"]]
+        for mode in modes:
+            hit = np.array([m == mode for m in classified.mode], dtype=bool)
+            relevant = np.array([c in classified.cases[mode] for c in case_col], dtype=bool)
+            n_all = np.bincount(unit_of[relevant], minlength=len(keys))
+            k_all = np.bincount(unit_of[relevant & hit], minlength=len(keys))
+            out.append(_explain_mode(mode, table, n_all, k_all, commits_all, alpha, max_terms,
+                                     tuple(sorted(classified.cases[mode]))))
+    out += _server_modes(rows, order, alpha, max_terms)
     return Explanation(tuple(out), alpha, max_terms, len(samples), suite is not None)
 
 
-def _explain_mode(mode: str, samples: pd.DataFrame, classified: Classified, table: _Cells, cell_of: np.ndarray,
-                  commits_all: Sequence[str], alpha: float, max_terms: int) -> ModeExplanation:
-    hit = np.array([m == mode for m in classified.mode], dtype=bool)
-    relevant = np.array([str(c) in classified.cases[mode] for c in samples["case_id"]], dtype=bool)
-    n_cells = len(table.ids)
-    n_all = np.bincount(cell_of[relevant], minlength=n_cells)
-    k_all = np.bincount(cell_of[relevant & hit], minlength=n_cells)
-    cell_commit = np.array(table.commit, dtype=object)
+def _start_ids(samples: pd.DataFrame) -> list[str]:
+    """The server start each sample came from: one per group of a run (cells of one server key share
+    it); the cell where the table does not say."""
+    if "group_id" not in samples.columns:
+        return [str(c) for c in samples["cell_id"]]
+    run = samples["run_id"] if "run_id" in samples.columns else pd.Series([""] * len(samples))
+    return [f"{r}/{g}" if isinstance(g, str) and g else str(c)
+            for r, g, c in zip(run, samples["group_id"], samples["cell_id"], strict=True)]
+
+
+def _server_modes(rows: Mapping[str, Mapping[str, Any]], order: Mapping[str, int], alpha: float,
+                  max_terms: int) -> list[ModeExplanation]:
+    """Cells whose server did not come up, crashed or hung: one mode per status, one start per cell."""
+    if not rows or any("axes" not in r or "status" not in r for r in rows.values()):
+        return []
+    if not any(str(r.get("status")) in SERVER_MODES for r in rows.values()):
+        return []
+    # One unit per server start: the cells of a group (its request-level axes) share its fate.
+    first: dict[str, str] = {}
+    for c, r in rows.items():
+        group = r.get("group_id")
+        first.setdefault(f"{r.get('run_id') or ''}/{group}" if isinstance(group, str) and group else c, c)
+    keys = [(c, start) for start, c in first.items()]
+    axes = {c: {a: v for a, v in axes_map(rows[c]["axes"]).items() if not a.startswith("request.")}
+            for c, _ in keys}
+    table = units(keys, axes, {c: str(rows[c].get(COMMIT)) for c, _ in keys}, rows)
+    status = {c: str(rows[c].get("status")) for c, _ in keys}
+    commits_all = sorted(set(table.commit), key=lambda c: (order.get(c, len(order)), c))
+    out = []
+    for mode in SERVER_MODES:
+        failed = [c for c, s in status.items() if s == mode]
+        if not failed:
+            continue
+        k_all = np.array([int(status[c] == mode) for c, _ in keys])
+        details: dict[str, int] = defaultdict(int)
+        for c in failed:
+            text = str(rows[c].get("status_detail") or "").strip().splitlines()
+            details[text[0][:200] if text else "(no detail)"] += 1
+        m = _explain_mode(mode, table, np.ones(len(keys), dtype=np.int64), k_all, commits_all, alpha,
+                          max_terms, ())
+        out.append(dataclasses.replace(m, unit="server starts",
+                                       details=tuple(sorted(details.items(), key=lambda kv: -kv[1]))))
+    return out
+
+
+def _explain_mode(mode: str, table: Units, n_all: np.ndarray, k_all: np.ndarray, commits_all: Sequence[str],
+                  alpha: float, max_terms: int, cases: tuple[str, ...]) -> ModeExplanation:
+    n_units = len(table.cell)
     shown = {c for c, k in zip(table.commit, k_all, strict=True) if k > 0}
     commits = tuple(c for c in commits_all if c in shown)
-    in_scope = np.isin(cell_commit, list(commits))
+    in_scope = np.isin(np.array(table.commit, dtype=object), list(commits))
     n, k = np.where(in_scope, n_all, 0), np.where(in_scope, k_all, 0)
     scope = in_scope & (n > 0)
     dims = {d: [v if scope[i] else None for i, v in enumerate(vs)] for d, vs in table.dims.items()}
-    # A dimension needs two values to be one: a single value besides "not applicable" only restates
+    # A dimension needs two levels to be one: a single level besides "not applicable" only restates
     # which cells some other axis switched off.
     dims = {d: vs for d, vs in dims.items() if len({v for v in vs if v is not None}) >= 2}
     total_k, total_n = int(k.sum()), int(n.sum())
-    cases = tuple(sorted(classified.cases[mode]))
-    failing_cells = tuple((table.ids[i], Count(int(k[i]), int(n[i]))) for i in np.argsort(-k, kind="stable")
-                          if k[i] > 0)
+    per_cell: dict[str, list[int]] = {}
+    for i, cid in enumerate(table.cell):
+        got = per_cell.setdefault(cid, [0, 0])
+        got[0], got[1] = got[0] + int(k[i]), got[1] + int(n[i])
+    failing_cells = tuple((cid, Count(f, t)) for cid, (f, t) in sorted(per_cell.items(), key=lambda kv: -kv[1][0])
+                          if f > 0)
     conjs: list[_Conj] = []
     for conj in _conjunctions(dims, max_terms):
-        mask = _mask(dims, conj, n_cells) & scope
+        mask = _mask(dims, conj, n_units) & scope
         if not mask.any() or mask.sum() == scope.sum():
             continue  # selects nothing, or everything: no test
         conjs.append(_Conj(conj, mask, int(k[mask].sum()), int(n[mask].sum())))
+    ll = od.loglik(k, n)
+    cell_of = np.unique(np.array(table.cell, dtype=object), return_inverse=True)[1]
+    rho_cell = float(od.within_settings(ll, cell_of, scope).mean[0])
+    whole = od.dispersion(ll, scope[None, :], scope)
     if conjs:
-        p = fisher_greater(np.array([c.a for c in conjs]), np.array([c.n_in for c in conjs]), total_k, total_n)
-        for c, pv, pa in zip(conjs, p, holm(p), strict=True):
-            c.p, c.p_adj = float(pv), float(pa)
+        masks = np.array([c.mask for c in conjs], dtype=bool)
+        disp = od.dispersion(ll, masks, scope)
+        w = od.weights(n, disp.mean)
+        wk, wn = w * k[None, :], w * n[None, :]
+        k_tot, n_tot = (wk * scope).sum(axis=1), (wn * scope).sum(axis=1)
+        p = _effective_fisher((wk * masks).sum(axis=1), (wn * masks).sum(axis=1), k_tot, n_tot)
+        for c, pv, pa, rho, high in zip(conjs, p, holm(p), disp.mean, disp.high, strict=True):
+            c.p, c.p_adj, c.rho, c.rho_high = float(pv), float(pa), float(rho), float(high)
+    rho0 = float(whole.mean[0])
     unexplained = ModeExplanation(
         mode=mode, verdict=Verdict.UNEXPLAINED, terms=(), inside=Count(total_k, total_n), outside=Count(0, 0),
         p_value=None, p_adjusted=None, tried=len(conjs), cases=cases, commits=commits, clean_commits=(),
-        failing_cells=failing_cells, failures=total_k, cells_in_scope=int(scope.sum()))
+        failing_cells=failing_cells, failures=total_k, cells_in_scope=len({table.cell[i] for i in np.flatnonzero(scope)}),
+        rho=rho0, rho_high=float(whole.high[0]), starts=len({table.start[i] for i in np.flatnonzero(scope)}),
+        worth=od.worth(n[scope], rho0))
 
-    best: _Conj | None = None
-    alternatives: list[_Conj] = []
-    for size in range(1, max_terms + 1):
-        fitting = [c for c in conjs if len(c.terms) == size and c.a >= COVERAGE * total_k
-                   and not _too_broad(c, dims, n, k, alpha)]
-        if fitting:
-            fitting.sort(key=lambda c: (c.p, c.n_in, [str(t) for t in c.terms]))
-            best = fitting[0]
-            alternatives = [c for c in fitting[1:] if np.array_equal(c.mask, best.mask)]
-            break
+    best = _best(conjs, dims, n, k, total_k, alpha, max_terms, rho_cell, cell_of)
+    # Every conjunction of that size selecting the same starts is an alias the design cannot tell from it.
+    alternatives = [] if best is None else [c for c in conjs if len(c.terms) == len(best.terms) and c is not best
+                                            and np.array_equal(c.mask, best.mask)]
     significant = best is not None and best.p_adj < alpha
-    if not significant and not _too_broad(_Conj((), scope.copy(), total_k, total_n), dims, n, k, alpha):
-        # No setting credibly matters. It fails everywhere, or the samples are too few to say where.
-        everywhere = all(k[scope] > 0)
-        if best is None or everywhere:
-            return dataclasses.replace(unexplained, verdict=Verdict.EVERYWHERE, clean_commits=_clean_commits(
-                scope, (), table, n_all, k_all, commits_all, commits))
+    everything = _Conj((), scope.copy(), total_k, total_n, rho=rho0)
+    # No setting credibly matters: it fails everywhere, or the samples are too few to say where.
+    if not significant and not _too_broad(everything, dims, n, k, alpha, rho_cell, cell_of) \
+            and (best is None or all(k[scope] > 0)):
+        return dataclasses.replace(unexplained, verdict=Verdict.EVERYWHERE, clean_commits=_clean_commits(
+            (), table, n_all, k_all, commits_all, commits))
     if best is None:
         return unexplained
     terms = _terms(best.terms, scope, table)
@@ -420,35 +479,56 @@ def _explain_mode(mode: str, samples: pd.DataFrame, classified: Classified, tabl
         for i, (d, v) in enumerate(best.terms):
             rest = [t for j, t in enumerate(best.terms) if j != i]
             col = np.array(dims[d], dtype=object)
-            part = _mask(dims, rest, n_cells) & scope & (col != v)
+            part = _mask(dims, rest, n_units) & scope & (col != v)
             without.append(Without(terms[i], Count(int(k[part].sum()), int(n[part].sum()))))
     out_mask = scope & ~best.mask
+    w_best = od.weights(n, [best.rho])[0]
     return dataclasses.replace(
         unexplained, verdict=verdict, terms=terms, inside=Count(best.a, best.n_in),
         outside=Count(int(k[out_mask].sum()), int(n[out_mask].sum())), p_value=best.p, p_adjusted=best.p_adj,
-        clean_commits=_clean_commits(scope, best.terms, table, n_all, k_all, commits_all, commits),
+        clean_commits=_clean_commits(best.terms, table, n_all, k_all, commits_all, commits),
         without=tuple(without),
         alternatives=tuple(_terms(c.terms, scope, table) for c in alternatives),
-        effective_notes=_effective_notes(best, terms, table, scope, n, k))
+        effective_notes=_effective_notes(best, terms, table, scope, n, k),
+        rho=best.rho, rho_high=best.rho_high, worth=od.worth(n[scope], best.rho),
+        inside_evidence=_evidence(best.mask, n, k, w_best), outside_evidence=_evidence(out_mask, n, k, w_best))
 
 
-def _terms(conj: Sequence[tuple[str, str]], scope: np.ndarray, table: _Cells) -> tuple[Term, ...]:
+def _best(conjs: Sequence[_Conj], dims: Mapping[str, Sequence[str | None]], n: np.ndarray, k: np.ndarray,
+          total_k: int, alpha: float, max_terms: int, rho_cell: float, cell_of: np.ndarray) -> _Conj | None:
+    """The smallest fitting conjunction that is significant; else the smallest fitting one. A
+    smaller one can fit without being significant where one of its starts was clean by chance: the
+    dispersion that allows makes its evidence weak, while the refined one holds every failure."""
+    first: _Conj | None = None
+    for size in range(1, max_terms + 1):
+        fitting = [c for c in conjs if len(c.terms) == size and c.a >= COVERAGE * total_k
+                   and not _too_broad(c, dims, n, k, alpha, rho_cell, cell_of)]
+        fitting.sort(key=lambda c: (c.p, c.n_in, [str(t) for t in c.terms]))
+        if fitting and fitting[0].p_adj < alpha:
+            return fitting[0]
+        if fitting and first is None:
+            first = fitting[0]
+    return first
+
+
+def _terms(conj: Sequence[tuple[str, str]], scope: np.ndarray, table: Units) -> tuple[Term, ...]:
     """The conjunction's terms, each marked effective when reading it on the requested value instead
-    of the value that ran would select other cells."""
+    of the value that ran would select other cells, with the values its cells asked for."""
     out = []
     for dim, value in conj:
-        if dim.endswith(EFFECTIVE_SUFFIX):
-            out.append(Term(dim, value, True))
-            continue
         ran, asked = scope.copy(), scope.copy()
         for d, v in conj:
             ran &= np.array([x == v for x in table.dims[d]], dtype=bool)
             asked &= np.array([x == v for x in (table.requested if d == dim else table.dims)[d]], dtype=bool)
-        out.append(Term(dim, value, not np.array_equal(ran, asked)))
+        requested = tuple(sorted({str(table.requested[dim][i]) for i in np.flatnonzero(ran)}))
+        if dim.endswith(EFFECTIVE_SUFFIX):
+            out.append(Term(dim, value, True, ()))
+            continue
+        out.append(Term(dim, value, not np.array_equal(ran, asked), requested))
     return tuple(out)
 
 
-def _effective_notes(best: _Conj, terms: Sequence[Term], table: _Cells, scope: np.ndarray, n: np.ndarray,
+def _effective_notes(best: _Conj, terms: Sequence[Term], table: Units, scope: np.ndarray, n: np.ndarray,
                      k: np.ndarray) -> tuple[str, ...]:
     notes = []
     for term in terms:
@@ -466,15 +546,15 @@ def _effective_notes(best: _Conj, terms: Sequence[Term], table: _Cells, scope: n
         for x, y in best.terms:
             values = table.requested[x] if x == d else table.dims[x]
             req_mask &= np.array([val == y for val in values], dtype=bool)
-        notes.append(f"{display_axis(d)}: {len(moved)} cell(s) ran another value than requested "
-                     f"({'; '.join(asked)}); explained on what ran — on requested values "
+        notes.append(f"{display_axis(d)}: {len({table.cell[i] for i in moved})} cell(s) ran another value than "
+                     f"requested ({'; '.join(asked)}); explained on what ran — on requested values "
                      f"{' ∧ '.join(str(Term(x, y)) for x, y in best.terms)} holds "
                      f"{int(k[req_mask].sum())}/{int(n[req_mask].sum())} failing")
     return tuple(notes)
 
 
-def _clean_commits(scope: np.ndarray, terms: Sequence[tuple[str, str]], table: _Cells, n_all: np.ndarray,
-                   k_all: np.ndarray, commits_all: Sequence[str], commits: Sequence[str]) -> tuple[tuple[str, Count], ...]:
+def _clean_commits(terms: Sequence[tuple[str, str]], table: Units, n_all: np.ndarray, k_all: np.ndarray,
+                   commits_all: Sequence[str], commits: Sequence[str]) -> tuple[tuple[str, Count], ...]:
     out = []
     for commit in commits_all:
         if commit in commits:
@@ -503,7 +583,13 @@ def short_commit(commit: str) -> str:
 
 def describe(m: ModeExplanation) -> list[str]:
     """A mode's explanation as lines of text (the first names the mode)."""
-    lines = [f"{m.mode}  ({m.failures:,} failing samples; cases: {len(m.cases)})"]
+    if m.unit == "samples":
+        lines = [f"{m.mode}  ({m.failures:,} failing samples; cases: {len(m.cases)})"]
+    else:
+        total = m.inside.n + m.outside.n if m.terms else m.inside.n
+        lines = [f"{m.mode}  ({m.failures:,} of {total:,} {m.unit} failed)"]
+        lines.extend(f"  status detail: {text}" + (f" ({count} starts)" if count > 1 else "")
+                     for text, count in m.details[:3])
     where = ", ".join(map(short_commit, m.commits))
     if m.verdict is Verdict.EVERYWHERE and m.cells_in_scope <= 1:
         lines.append(f"  one setting tried: {m.inside} failing on {where}")
@@ -515,7 +601,8 @@ def describe(m: ModeExplanation) -> list[str]:
                      + (" …" if len(m.failing_cells) > 4 else ""))
     else:
         lines.append(f"  {m.conjunction} → {m.inside} failing vs {m.outside} elsewhere "
-                     f"(Fisher {fmt_p(m.p_value)}; Holm-adjusted over {m.tried:,} conjunctions: {fmt_p(m.p_adjusted)})")
+                     f"(Fisher on per-start counts {fmt_p(m.p_value)}; Holm-adjusted over {m.tried:,} "
+                     f"conjunctions: {fmt_p(m.p_adjusted)})")
         if m.without:
             parts = [f"{_without_name(w, m)}: {w.count}" for w in m.without]
             if all(w.count.failed == 0 for w in m.without):
@@ -524,10 +611,15 @@ def describe(m: ModeExplanation) -> list[str]:
         if m.verdict is Verdict.NOT_IDENTIFIABLE:
             alts = " or ".join(" ∧ ".join(map(str, a)) for a in m.alternatives)
             lines.append(f"  not identifiable in this matrix: {m.conjunction} and {alts} select the same cells "
-                         "(they never vary apart here)")
+                         "(they never vary apart here); a design that varies them apart tells which")
         if m.verdict is Verdict.TOO_FEW:
             lines.append("  not significant after correction: too few samples to tell")
         lines.extend(f"  effective: {note}" for note in m.effective_notes)
+    if m.rho >= od.HIGH_RHO and m.unit == "samples":
+        total = m.inside.n + m.outside.n if m.terms else m.inside.n
+        lines.append(f"  dispersion: failures vary between server starts (intra-start correlation {m.rho:.2f}, "
+                     f"up to {m.rho_high:.2f} credible): {total:,} {m.unit} over {m.starts:,} starts count as "
+                     f"{m.worth:,.0f}; more starts per setting, not more samples per start, add power")
     if m.commits:
         clean = "; ".join(f"{short_commit(c)} {cnt}" for c, cnt in m.clean_commits if cnt.n)
         lines.append(f"  on {where}" + (f"; not on {clean}" if clean else ""))

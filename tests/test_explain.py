@@ -57,9 +57,10 @@ def suite(tmp_path: Path) -> Suite:
 def build(axes: Mapping[str, Sequence[Any]], failing: Callable[[dict[str, Any]], float], *, n: int = 20,
           case: str = "json", checks: Sequence[str] = FSM, commits: Sequence[str] = ("c1",),
           effective: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-          cells: Sequence[dict[str, Any]] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+          cells: Sequence[dict[str, Any]] | None = None, starts: int = 2) -> tuple[pd.DataFrame, pd.DataFrame]:
     """A samples and a cells table: every combination of `axes` (or the given `cells`) on each
-    commit, n samples each; the first round(rate * n) of a cell fail `checks`."""
+    commit, n samples each over `starts` server starts (sample r on start r mod starts); the first
+    round(rate * n) of a cell fail `checks`, so the starts of a cell agree."""
     combos = list(cells) if cells is not None else \
         [dict(zip(axes, vs, strict=True)) for vs in itertools.product(*axes.values())]
     srows, crows = [], []
@@ -70,7 +71,7 @@ def build(axes: Mapping[str, Sequence[Any]], failing: Callable[[dict[str, Any]],
             eff = effective(values) if effective else {}
             k = round(failing(values) * n)
             for r in range(n):
-                srows.append({"run_id": "t", "group_id": cid, "cell_id": cid, "commit": commit,
+                srows.append({"run_id": "t", "group_id": f"{cid}#{r % starts}", "cell_id": cid, "commit": commit,
                               "commit_sha": f"{commit:0<40}"[:40], "case_id": case, "repeat": r,
                               "request_id": f"{cid}-{r}", "passed": r >= k, "failed_checks": list(checks) if r < k else [],
                               "axes": [(a, json.dumps(v)) for a, v in values.items()]})
@@ -105,11 +106,14 @@ def test_two_terms_neither_alone(suite: Suite) -> None:
     # Without a term: the others hold, it does not (V2 without mtp: none and ngram on V2).
     assert {str(w.term): str(w.count) for w in m.without} == {"spec_method=mtp": "0/40",
                                                             "VLLM_USE_V2_MODEL_RUNNER=1": "0/20"}
-    # 3 + 2 single terms, 3 × 2 pairs; Fisher one-sided, Holm over all 11.
+    # 3 + 2 single terms, 3 × 2 pairs; Fisher one-sided on per-start effective counts, Holm over all 11.
     assert m.tried == 11
+    # Each cell's two starts agree: the dispersion learned is small, and the evidence close to
+    # what the samples would give if they were independent.
+    assert m.rho < 0.05 and m.worth > 0.5 * 120
     p = fisher_exact([[10, 10], [0, 100]], alternative="greater")[1]
-    assert m.p_value == pytest.approx(p)
-    assert m.p_adjusted == pytest.approx(11 * p)  # the smallest p of the 11: Holm multiplies by 11
+    assert p <= m.p_value < 1e-5
+    assert m.p_adjusted == pytest.approx(11 * m.p_value)  # the smallest p of the 11: Holm multiplies by 11
     text = explain.render(explain.explain(samples, cells, suite=suite))
     assert "spec_method=mtp ∧ VLLM_USE_V2_MODEL_RUNNER=1 → 10/20 failing vs 0/100 elsewhere" in text
     assert "neither alone fails" in text
@@ -184,9 +188,11 @@ def test_a_confounded_design_is_not_identifiable(suite: Suite) -> None:
 
 def test_a_mode_no_conjunction_explains(suite: Suite) -> None:
     # Fails with mtp on V1 and without spec decoding on V2: no conjunction of axis values holds both.
+    # Half the samples of each start fail: starts of one cell that agree on a rate show the dispersion
+    # is low (all failing, they would leave it to the prior).
     axes = {"spec_method": ["none", "mtp"], "env.VLLM_USE_V2_MODEL_RUNNER": ["0", "1"]}
-    samples, cells = build(axes, lambda c: 1.0 if (c["spec_method"] == "mtp") != (c["env.VLLM_USE_V2_MODEL_RUNNER"] == "1")
-                           else 0)
+    samples, cells = build(axes, lambda c: 0.5 if (c["spec_method"] == "mtp") != (c["env.VLLM_USE_V2_MODEL_RUNNER"] == "1")
+                           else 0, n=40)
     m = only(explain.explain(samples, cells, suite=suite))
     assert m.verdict is Verdict.UNEXPLAINED and m.terms == ()
     assert m.tried == 8 and m.failures == 40
@@ -339,3 +345,35 @@ def test_the_notebook_explains_the_demo_run(demo_run: RunDir) -> None:
         env={**os.environ, "SWEEP_RUN": str(demo_run.root)})
     printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "spec_method=mtp ∧ VLLM_USE_V2_MODEL_RUNNER=1 → 40/40 failing vs 0/200 elsewhere" in printed
+
+
+def test_explain_json_and_unwrapped_text_from_the_cli(demo_run: RunDir) -> None:
+    """`--explain --json` prints only JSON, with the schema runs/README.md documents; piped text keeps
+    each line whole, however long."""
+    from typer.testing import CliRunner
+
+    from sweeper.cli import app
+    from sweeper.errors import SweepError
+
+    runs = str(demo_run.root.parent)
+    result = CliRunner().invoke(app, ["report", "demo", "--runs-dir", runs, "--explain", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["schema_version"] == 1 and doc["labels_from_suite"] is True
+    budget = next(m for m in doc["modes"] if m["scope"]["commits"] == ["main"])
+    assert budget["verdict"] == "explained"
+    assert [(t["name"], t["value"], t["effective"]) for t in budget["conjunction"]] == \
+        [("spec_method", "mtp", False), ("VLLM_USE_V2_MODEL_RUNNER", "1", False)]
+    assert (budget["inside"]["failed"], budget["inside"]["n"], budget["outside"]["n"]) == (40, 40, 200)
+    assert budget["test"]["p_adjusted"] < doc["alpha"] and budget["aliases"] == []
+    readme = (Path(__file__).parent.parent / "runs" / "README.md").read_text()
+    for key in ["schema_version", *budget, *budget["inside"], *budget["test"], *budget["dispersion"]]:
+        assert f"`{key}`" in readme or f"`{key}[]`" in readme, key
+    bad = CliRunner().invoke(app, ["report", "demo", "--runs-dir", runs, "--json"])
+    assert isinstance(bad.exception, SweepError) and str(bad.exception) == "--json goes with --explain"
+    text = CliRunner().invoke(app, ["report", "demo", "--runs-dir", runs, "--explain"]).stdout
+    line = next(x for x in text.splitlines() if "spec_method=mtp ∧ VLLM_USE_V2_MODEL_RUNNER=1 →" in x)
+    assert line.startswith("  ") and line.endswith(")") and len(line) > 150
+    # The demo's failures are all-or-nothing per cell: its dispersion is the prior's, and said in one line.
+    said = [x for x in text.splitlines() if "dispersion:" in x]
+    assert said and all(x.startswith("  dispersion:") and x.endswith("add power") and len(x) > 200 for x in said)

@@ -1,0 +1,91 @@
+"""Failures counted per server start. One start draws its own failure rate, so its samples are not
+independent draws: for a split of the starts into two groups (a conjunction's inside and outside),
+learn the intra-class correlation from how the starts of each group disagree, and weigh each start's
+counts down to what they are worth at that dispersion. Pure: numpy and scipy.
+
+The model is the bisect's (`sweeper.bisect.segments`): a start of n samples at rate r fails k times
+with a beta-binomial law of mean r and intra-class correlation rho; each group has its own rate
+(integrated over the bisect's rate prior) and the two share rho (the bisect's discrete prior). A
+start of n samples then counts as n / (1 + (n - 1) * rho) samples (the design effect), its failures
+in the same proportion. At rho = 0 the effective counts are the raw ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from sweeper.bisect.segments import RHO_CREDIBLE, Prior, logsumexp, start_loglik
+
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+
+# The bisect's prior, with its dispersion grid carried on to 0.9: identical replays of a request on
+# one server mostly repeat its outcome, so a start of such replays is worth little more than one draw
+# per distinct request; the bisect's top of 0.35 would still count it as two or three.
+PRIOR = Prior.default(rhos=(0.0, 0.01, 0.03, 0.06, 0.1, 0.15, 0.2, 0.35, 0.5, 0.7, 0.9))
+HIGH_RHO = 0.05  # a dispersion worth saying: a start of 20 samples counts as about 10
+
+
+@dataclass(frozen=True)
+class Dispersion:
+    """Per split: the posterior mean rho, and the largest rho the data leave credible."""
+
+    mean: FloatArray
+    high: FloatArray
+
+
+def loglik(failures: npt.ArrayLike, samples: npt.ArrayLike) -> FloatArray:
+    """Each start's log-likelihood over the prior's (rate, rho) grid: shape (starts, rates, rhos)."""
+    return start_loglik(failures, samples, PRIOR)
+
+
+def dispersion(ll: FloatArray, inside: BoolArray, within: BoolArray | None = None) -> Dispersion:
+    """The rho posterior of each split, `inside` of shape (splits, starts), over the starts of
+    `within` (default: all): two groups, each with its own rate (integrated out under the rate prior)."""
+    within = np.ones(ll.shape[0], dtype=bool) if within is None else within
+    return grouped(ll, [inside & within[None, :], ~inside & within[None, :]])
+
+
+def grouped(ll: FloatArray, groups: list[BoolArray]) -> Dispersion:
+    """The rho posterior of each split into the given groups (each of shape (splits, starts)); each
+    group has its own rate, the groups share rho."""
+    s, r, p = ll.shape
+    flat = ll.reshape(s, r * p)
+    log_w = PRIOR.log_w[None, :, None]
+    joint = np.broadcast_to(PRIOR.log_w_rho[None, :], (groups[0].shape[0], p)).copy()
+    for group in groups:
+        joint += logsumexp((group.astype(np.float64) @ flat).reshape(-1, r, p) + log_w, axis=1)
+    post = np.exp(joint - logsumexp(joint, axis=1)[:, None])
+    mean = post @ PRIOR.rhos
+    high = np.max(np.where(post >= RHO_CREDIBLE, PRIOR.rhos[None, :], 0.0), axis=1)
+    return Dispersion(mean.astype(np.float64), high.astype(np.float64))
+
+
+def within_settings(ll: FloatArray, setting: npt.ArrayLike, within: BoolArray) -> Dispersion:
+    """The rho posterior when every setting (a cell: integer labels per start) has its own rate:
+    what starts of the same settings disagree by. Settings with one start leave it to the prior."""
+    labels = np.asarray(setting)[within]
+    _, r, p = ll.shape
+    sums = np.zeros((int(labels.max()) + 1 if labels.size else 0, r, p))
+    np.add.at(sums, labels, ll[within])
+    joint = logsumexp(sums + PRIOR.log_w[None, :, None], axis=1).sum(axis=0) + PRIOR.log_w_rho
+    post = np.exp(joint - logsumexp(joint))
+    high = float(np.max(np.where(post >= RHO_CREDIBLE, PRIOR.rhos, 0.0)))
+    return Dispersion(np.array([post @ PRIOR.rhos]), np.array([high]))
+
+
+def weights(samples: npt.ArrayLike, rho: npt.ArrayLike) -> FloatArray:
+    """What one sample of each start is worth at each rho: shape (len(rho), starts)."""
+    n = np.asarray(samples, dtype=np.float64)[None, :]
+    rho_col = np.asarray(rho, dtype=np.float64).reshape(-1, 1)
+    w: FloatArray = 1.0 / (1.0 + np.maximum(n - 1.0, 0.0) * rho_col)
+    return w
+
+
+def worth(samples: npt.ArrayLike, rho: float) -> float:
+    """The effective sample size of these starts at one rho."""
+    n = np.asarray(samples, dtype=np.float64)
+    return float((n * weights(n, [rho])[0]).sum())

@@ -1,0 +1,219 @@
+"""`sweeper.explain` off the clean path: failures that vary between server starts, the version's
+default and include rules as levels, designs that are not a full product, failed servers as a mode,
+and the JSON form. On samples and cells tables built here (exact counts)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.stats import fisher_exact
+from test_explain import BUDGET, FSM, SUITE, build, only
+
+from sweeper import analysis, explain
+from sweeper.explain import Verdict
+from sweeper.explain_json import to_json
+from sweeper.suite import Suite, load_suite
+
+FSM_MODE = "finish_reason + json_schema + log_absent(Failed to advance FSM) + no_whitespace_tail"
+
+
+@pytest.fixture
+def suite(tmp_path: Path) -> Suite:
+    path = tmp_path / "t.yaml"
+    path.write_text(SUITE)
+    return load_suite(path)
+
+
+def per_start(cells: dict[str, tuple[dict[str, Any], list[int]]], n: int, case: str = "json",
+              checks: list[str] = FSM) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Tables where each cell (id -> (axis values, failures per start)) has one server start per
+    entry, n samples each; the first k of a start fail."""
+    srows, crows = [], []
+    for cid, (values, starts) in cells.items():
+        values = {"commit": "c1", **values}
+        for s, k in enumerate(starts):
+            for r in range(n):
+                srows.append({"run_id": "t", "group_id": f"{cid}#{s}", "cell_id": cid, "commit": "c1",
+                              "commit_sha": "c1".ljust(40, "0"), "case_id": case, "repeat": r,
+                              "request_id": f"{cid}-{s}-{r}", "passed": r >= k,
+                              "failed_checks": list(checks) if r < k else [],
+                              "axes": [(a, json.dumps(v)) for a, v in values.items()]})
+        crows.append({"cell_id": cid, "commit": "c1", "status": "ok", "effective_differs": []})
+    return analysis.with_axes(pd.DataFrame(srows)), pd.DataFrame(crows)
+
+
+def grid(planted: tuple[str, str], starts: dict[tuple[str, str], list[int]], default: list[int]) -> dict[
+        str, tuple[dict[str, Any], list[int]]]:
+    out = {}
+    for spec in ("none", "ngram", "mtp"):
+        for runner in ("0", "1"):
+            out[f"{spec}-{runner}"] = ({"spec_method": spec, "env.VLLM_USE_V2_MODEL_RUNNER": runner},
+                                       starts.get((spec, runner), default))
+    return out
+
+
+# ---- the unit of evidence is the server start ---------------------------------------------------
+
+def test_starts_that_disagree_count_as_less_than_their_samples(suite: Suite) -> None:
+    """The same 20 failures in 60 samples of mtp on V2: spread evenly over its three starts they are
+    strong evidence; all in one start they are what one odd start can do."""
+    even = grid(("mtp", "1"), {("mtp", "1"): [7, 7, 6]}, [0, 0, 0])
+    lumped = grid(("mtp", "1"), {("mtp", "1"): [20, 0, 0]}, [0, 0, 0])
+    a = only(explain.explain(*per_start(even, 20), suite=suite))
+    b = only(explain.explain(*per_start(lumped, 20), suite=suite))
+    assert a.verdict is Verdict.EXPLAINED and a.conjunction == "spec_method=mtp ∧ VLLM_USE_V2_MODEL_RUNNER=1"
+    assert str(a.inside) == "20/60" and a.inside_evidence is not None and a.inside_evidence.starts == 3
+    assert a.rho < 0.05 < b.rho
+    # One odd start cannot tell mtp from mtp on V2, nor either from chance.
+    assert b.verdict is Verdict.TOO_FEW and b.p_adjusted is not None and b.p_adjusted > 0.01
+    # The cost of the dispersion is said.
+    assert "dispersion: failures vary between server starts" in "\n".join(explain.describe(b))
+
+
+def test_one_clean_start_does_not_make_a_planted_cell_clean(suite: Suite) -> None:
+    """mtp fails on both runners, one of its starts by chance not at all: read sample by sample that
+    start is a credibly clean part, and "mtp" would be rejected."""
+    cells = grid(("mtp", "*"), {("mtp", "0"): [12, 0, 10], ("mtp", "1"): [11, 9, 13]}, [0, 0, 0])
+    m = only(explain.explain(*per_start(cells, 20), suite=suite))
+    assert (m.verdict, m.conjunction) == (Verdict.EXPLAINED, "spec_method=mtp")
+    assert m.rho > 0.05
+
+
+def test_failures_of_random_starts_are_not_a_setting(suite: Suite) -> None:
+    """No setting matters: a few starts of every kind fail a lot (rate 0.1, intra-start correlation
+    0.5). Counted sample by sample the worst setting would look significant."""
+    rng = np.random.default_rng(11)
+    cells = {}
+    for spec in ("none", "ngram", "mtp"):
+        for runner in ("0", "1"):
+            for backend in ("FLASH_ATTN", "FLASHINFER"):
+                rates = rng.beta(0.1, 0.9, size=2)
+                cells[f"{spec}-{runner}-{backend}"] = (
+                    {"spec_method": spec, "env.VLLM_USE_V2_MODEL_RUNNER": runner, "attention_backend": backend},
+                    [int(x) for x in rng.binomial(20, rates)])
+    m = only(explain.explain(*per_start(cells, 20), suite=suite))
+    assert m.verdict is not Verdict.EXPLAINED and m.verdict is not Verdict.NOT_IDENTIFIABLE, m.conjunction
+    assert m.rho > 0.1
+
+
+def test_the_test_is_fisher_on_the_effective_counts(suite: Suite) -> None:
+    samples, cells = build({"spec_method": ["none", "ngram", "mtp"], "env.VLLM_USE_V2_MODEL_RUNNER": ["0", "1"]},
+                           lambda c: 0.5 if (c["spec_method"], c["env.VLLM_USE_V2_MODEL_RUNNER"]) == ("mtp", "1") else 0)
+    m = only(explain.explain(samples, cells, suite=suite))
+    ins, outs = m.inside_evidence, m.outside_evidence
+    assert ins is not None and outs is not None and (ins.starts, outs.starts) == (2, 10)
+    a, n_in = round(ins.failed), round(ins.n)
+    k, n = round(ins.failed + outs.failed), round(ins.n + outs.n)
+    assert m.p_value == pytest.approx(fisher_exact([[a, n_in - a], [k - a, n - n_in - k + a]], alternative="greater")[1])
+    # One sample per start (a failed server) is worth one: the effective counts are the counts.
+    assert ins.n < m.inside.n
+
+
+# ---- every value is a value ---------------------------------------------------------------------
+
+def _async_effective(c: dict[str, Any]) -> dict[str, Any]:
+    """The version's default is async scheduling on, except with ngram, which turns it off."""
+    ran = c["async_scheduling"] if c["async_scheduling"] is not None else c["spec_method"] != "ngram"
+    differs = ["async_scheduling"] if c["async_scheduling"] is not None and ran != c["async_scheduling"] else []
+    return {"differs": differs, "columns": {"effective_async_scheduling": ran}}
+
+
+def test_the_versions_default_is_a_level_resolved_to_what_ran(suite: Suite) -> None:
+    """`async_scheduling: [null, false]` with a bug on effective async: null is not "not applicable"."""
+    samples, cells = build({"spec_method": ["none", "ngram", "mtp"], "async_scheduling": [None, False]},
+                           lambda c: 0.5 if _async_effective(c)["columns"]["effective_async_scheduling"] else 0,
+                           effective=_async_effective)
+    m = only(explain.explain(samples, cells, suite=suite))
+    assert (m.verdict, m.conjunction) == (Verdict.EXPLAINED, "async_scheduling=true (effective)")
+    assert (str(m.inside), str(m.outside)) == ("20/40", "0/80")
+    assert [(t.axis, t.value, t.effective, t.requested) for t in m.terms] == \
+        [("async_scheduling", "true", True, ("default",))]
+    # Read on requested values only (no log), the failing cells (none and mtp on the default) are
+    # no conjunction: what the default was is what tells.
+    assert only(explain.explain(samples, None, suite=suite)).verdict is Verdict.UNEXPLAINED
+
+
+def test_a_confound_made_with_include_is_not_identifiable(suite: Suite) -> None:
+    """A serve flag added only, and always, to the float16 cells: the two never vary apart."""
+    design = [{"spec_method": s, "serve.--dtype": d, **({"serve.--enforce-eager": True} if d == "float16" else {})}
+              for s in ("none", "mtp") for d in ("float16", "bfloat16")]
+    samples, cells = build({}, lambda c: 0.5 if c["serve.--dtype"] == "float16" else 0, cells=design)
+    m = only(explain.explain(samples, cells, suite=suite))
+    assert m.verdict is Verdict.NOT_IDENTIFIABLE
+    assert {m.conjunction, *(" ∧ ".join(map(str, a)) for a in m.alternatives)} == \
+        {"serve.--dtype=float16", "serve.--enforce-eager=true"}
+    # The flag is a dimension because its absence is a level: on the other cells it is "unset".
+    assert to_json(explain.explain(samples, cells, suite=suite))["modes"][0]["aliases"][0][0]["value"] in \
+        {"true", "float16"}
+
+
+def test_a_fraction_of_the_product_reports_every_alias(suite: Suite) -> None:
+    """Half of a 2x2x2 product (c = a xor b): the failing cell is selected by three pairs alike."""
+    design = [{"spec_method": s, "env.VLLM_USE_V2_MODEL_RUNNER": v, "attention_backend": b}
+              for s, v, b in [("none", "0", "FLASH_ATTN"), ("none", "1", "FLASHINFER"),
+                              ("mtp", "0", "FLASHINFER"), ("mtp", "1", "FLASH_ATTN")]]
+    samples, cells = build({}, lambda c: 1.0 if (c["spec_method"], c["env.VLLM_USE_V2_MODEL_RUNNER"]) == ("mtp", "1")
+                           else 0, cells=design, case="think", checks=BUDGET)
+    m = only(explain.explain(samples, cells, suite=suite))
+    assert m.verdict is Verdict.NOT_IDENTIFIABLE
+    assert {m.conjunction, *(" ∧ ".join(map(str, a)) for a in m.alternatives)} == {
+        "spec_method=mtp ∧ VLLM_USE_V2_MODEL_RUNNER=1", "spec_method=mtp ∧ attention_backend=FLASH_ATTN",
+        "VLLM_USE_V2_MODEL_RUNNER=1 ∧ attention_backend=FLASH_ATTN"}
+
+
+# ---- failed servers ---------------------------------------------------------------------------------
+
+def test_failed_servers_are_a_mode_with_their_status_detail(suite: Suite) -> None:
+    axes = {"spec_method": ["none", "ngram", "mtp"], "env.VLLM_USE_V2_MODEL_RUNNER": ["0", "1"],
+            "attention_backend": ["FLASH_ATTN", "FLASHINFER"], "serve.--max-num-seqs": [64, 128, 256], "request.temperature": [0, 1]}
+    samples, cells = build(axes, lambda c: 0.0)
+    values = [dict(a) for a in samples.drop_duplicates("cell_id")["axes"]]
+    cells["axes"] = [list(v.items()) for v in values]
+    # The two temperatures of a setting are cells of one server group.
+    cells["group_id"] = [json.dumps({k: x for k, x in v.items() if k != "request.temperature"}) for v in values]
+    failed = [json.loads(v["spec_method"]) == "mtp" and json.loads(v["env.VLLM_USE_V2_MODEL_RUNNER"]) == "1"
+              for v in values]
+    cells["status"] = ["server_failed" if f else "ok" for f in failed]
+    cells["status_detail"] = ["ValueError: MTP is not supported by Model Runner V2\nmore" if f else None
+                              for f in failed]
+    ok = set(cells.loc[~np.array(failed), "cell_id"])
+    e = explain.explain(samples[samples["cell_id"].isin(ok)], cells, suite=suite)
+    m = only(e)
+    assert (m.mode, m.unit, m.verdict) == ("server_failed", "server starts", Verdict.EXPLAINED)
+    assert m.conjunction == "spec_method=mtp ∧ VLLM_USE_V2_MODEL_RUNNER=1"
+    # The two temperatures of a setting share its server: one start each, and no request axis.
+    # The two temperatures of a setting share its server: one start each, and no request axis.
+    assert (str(m.inside), str(m.outside)) == ("6/6", "0/30")
+    assert m.details == (("ValueError: MTP is not supported by Model Runner V2", 6),)
+    assert m.p_value == pytest.approx(fisher_exact([[6, 0], [0, 30]], alternative="greater")[1])
+    text = explain.render(e)
+    assert "mode 1: server_failed  (6 of 36 server starts failed)" in text
+    assert "status detail: ValueError: MTP is not supported by Model Runner V2 (6 starts)" in text
+
+
+# ---- JSON ---------------------------------------------------------------------------------------------
+
+def test_the_json_form(suite: Suite) -> None:
+    samples, cells = build({"spec_method": ["none", "ngram", "mtp"], "async_scheduling": [None, False]},
+                           lambda c: 0.5 if _async_effective(c)["columns"]["effective_async_scheduling"] else 0,
+                           effective=_async_effective, commits=("c1", "c2"))
+    samples = samples[~((samples["commit"] == "c2") & ~samples["passed"])]  # c2 is clean
+    doc = json.loads(json.dumps(to_json(explain.explain(samples, cells, suite=suite, commit_order=["c1", "c2"]))))
+    assert doc["schema_version"] == 1 and doc["alpha"] == 0.01 and len(doc["modes"]) == 1
+    mode = doc["modes"][0]
+    assert (mode["number"], mode["mode"], mode["verdict"], mode["unit"]) == (1, FSM_MODE, "explained", "samples")
+    assert mode["conjunction"] == [{"axis": "async_scheduling", "name": "async_scheduling", "value": "true",
+                                    "effective": True, "requested": ["default"]}]
+    assert (mode["inside"]["failed"], mode["inside"]["n"], mode["outside"]["failed"]) == (20, 40, 0)
+    for side in ("inside", "outside"):
+        assert 0 <= mode[side]["low"] <= mode[side]["rate"] <= mode[side]["high"] <= 1
+        assert mode[side]["starts"] > 0 and mode[side]["effective_n"] <= mode[side]["n"]
+    assert mode["test"]["p_adjusted"] < 0.01 and mode["test"]["tried"] > 0 and "Fisher" in mode["test"]["name"]
+    assert mode["aliases"] == []
+    assert mode["scope"] == {"commits": ["c1"], "clean_commits": [{"commit": "c2", "failed": 0, "n": 20}]}
+    assert set(mode["dispersion"]) == {"rho", "rho_high", "starts", "worth"}
