@@ -160,7 +160,8 @@ def serve_command(manifest: Mapping[str, Any], axes: Mapping[str, Any], redact: 
 
     spec, cell = rebuild_cell(manifest, axes)
     launch = command(cell, model=spec.model, spec_config=spec.spec_config,
-                     installed=Installed(commit=cell.commit, sha=None, launch=("vllm", "serve")),
+                     installed=Installed(commit=cell.commit, sha=None, launch=("vllm", "serve"),
+                                         kind=spec.install.kind),
                      host="127.0.0.1", port=8000, api_key=None)
     return redact.argv(launch.argv), redact.env(dict(launch.env))
 
