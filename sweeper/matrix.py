@@ -92,7 +92,7 @@ def _one_of(names: Sequence[str]) -> str:
 
 
 class Install(_Strict):
-    """How to get vLLM at a commit. See `sweeper.environments` for each kind."""
+    """How to get vLLM at a commit. See `sweeper.install` for each kind."""
 
     # Required: a real matrix that forgot it must never run the simulator instead. One of the
     # registered install kinds (`sweeper.install`).
