@@ -26,11 +26,8 @@ import filelock
 from sweeper import files, gitrepo
 from sweeper.errors import GitError
 from sweeper.install import Recipe, kind_of
-from sweeper.install.steps import INSTALL_TIMEOUT_S, query_version
+from sweeper.install.steps import INSTALL_TIMEOUT_S
 from sweeper.matrix import Install
-
-__all__ = ["INSTALL_TIMEOUT_S", "META", "EnvInfo", "Installed", "clear", "evict", "in_use", "list_environments",
-           "prepare", "query_version", "with_launch"]
 
 META = "meta.json"
 

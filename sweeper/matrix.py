@@ -124,7 +124,6 @@ class Install(_Strict):
     cache_dir: str | None = None
     cache_max_gb: Annotated[Number, pydantic.Field(gt=0, le=MAX_CACHE_GB)] = 200.0
 
-
     @pydantic.field_validator("kind", mode="before")
     @classmethod
     def _registered(cls, value: Any) -> str:
