@@ -22,7 +22,7 @@ from sweeper.errors import ConfigError
 from sweeper.executor import choose
 from sweeper.install import InstallKind, Recipe
 from sweeper.install.kind import digest, settings_of, slug
-from sweeper.install.sim import COMMAND, Sim
+from sweeper.install.sim import COMMAND, TREE_ENV, Sim
 from sweeper.matrix import Install, load_matrix
 from sweeper.sweep import run_matrix
 
@@ -46,7 +46,7 @@ class Launcher(InstallKind):
         tree.mkdir()
         (tree / "sim.yaml").write_text(yaml.safe_dump({"version": "0.30.0", **FAST}))
         script = root / "vllm"
-        script.write_text(f"#!/bin/sh\nSWEEP_SIM_TREE={shlex.quote(str(tree))} exec {shlex.join(COMMAND)} serve \"$@\"\n")
+        script.write_text(f"#!/bin/sh\n{TREE_ENV}={shlex.quote(str(tree))} exec {shlex.join(COMMAND)} serve \"$@\"\n")
         script.chmod(0o755)
         return {"launch": [str(script)], "env": {}, "python": sys.executable, "version": "0.30.0"}
 
