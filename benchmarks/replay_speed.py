@@ -43,7 +43,7 @@ def free_port() -> int:
 def sim(tmp: Path) -> Iterator[str]:
     (tmp / "sim.yaml").write_text(yaml.safe_dump({"version": "0.28.0", "startup_s": 0.0, "token_latency_s": 0.0002}))
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "sweeper.sim", "serve", "m", "--host", "127.0.0.1", "--port",
+    proc = subprocess.Popen([sys.executable, "-m", "vllmsim", "serve", "m", "--host", "127.0.0.1", "--port",
                              str(port), "--api-key", "k"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, "SWEEP_SIM_TREE": str(tmp)}, start_new_session=True)
     url = f"http://127.0.0.1:{port}"

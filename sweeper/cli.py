@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -360,13 +361,20 @@ def bisect_cmd(
     out.print(f"results: {outcome.run.uri}")
 
 
-def _mount_sim() -> None:
-    from sweeper.sim.cli import app as sim_app
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+             add_help_option=False)
+def sim(ctx: typer.Context) -> None:
+    """The vLLM simulator (tests and demos): `python -m vllmsim` with these arguments (serve, make-repo).
 
-    app.add_typer(sim_app, name="sim", help="The vLLM simulator (tests and demos).\n\nExample: sweep sim make-repo /tmp/vllm-sim")
+    Example: sweep sim make-repo /tmp/vllm-sim
+    """
+    from sweeper.install.sim import COMMAND
 
-
-_mount_sim()
+    # The simulator takes this process's place: its own CLI, exit code and signals (a TERM sent to
+    # `sweep sim serve` reaches the server). The product never imports it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(COMMAND[0], [*COMMAND, *ctx.args])
 
 
 def main() -> None:

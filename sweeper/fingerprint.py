@@ -1,7 +1,7 @@
 """Where a cell ran: vLLM, torch and CUDA versions of its environment, GPU and driver, CPU, host.
 
-Queried once per environment (a subprocess of the environment's Python, `nvidia-smi` when present)
-and cached in the environment's folder: the host part is re-read every time, it is cheap.
+Queried once per environment (the `torch_build` probe run by the environment's Python, `nvidia-smi`
+when present) and cached in the environment's folder: the host part is re-read every time, it is cheap.
 """
 
 from __future__ import annotations
@@ -15,20 +15,10 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sweeper import files
+from sweeper import files, probes
 from sweeper.environments import Installed
 
 CACHE_FILE = "fingerprint.json"
-# Reads torch's version without importing vLLM; torch's import is the slow part (a few seconds).
-_PROBE = (
-    "import json, importlib.metadata as m\n"
-    "out = {}\n"
-    "try:\n    out['torch'] = m.version('torch')\nexcept m.PackageNotFoundError:\n    out['torch'] = None\n"
-    "if out['torch']:\n"
-    "    try:\n        import torch\n        out['cuda'] = torch.version.cuda\n"
-    "    except Exception:\n        out['cuda'] = None\n"
-    "print(json.dumps(out))\n"
-)
 
 
 @dataclass(frozen=True)
@@ -86,7 +76,10 @@ def _probe(installed: Installed, timeout: float) -> dict[str, str | None]:
     if not installed.python:
         return part  # nothing to ask: a known answer, cached like any other
     try:
-        proc = subprocess.run([installed.python, "-c", _PROBE], capture_output=True, text=True, timeout=timeout,
+        # The `torch_build` probe reads torch's version without importing vLLM; torch's import (for
+        # its CUDA version) is the slow part, a few seconds.
+        proc = subprocess.run(probes.argv(installed.python, "torch_build", "torch"), capture_output=True, text=True,
+                              timeout=timeout,
                               env={**os.environ, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")},
                               check=False)
         if proc.returncode != 0:

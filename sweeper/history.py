@@ -26,9 +26,9 @@ from packaging.version import InvalidVersion, Version
 
 from sweeper import gitrepo
 from sweeper.errors import BisectError, ConfigError
+from sweeper.install import kind_of
 from sweeper.matrix import Install
 
-_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 _AVAILABLE = re.compile(r"^Available versions:\s*(.*)$", re.MULTILINE)
 INDEX_TIMEOUT_S = 120
 
@@ -129,14 +129,9 @@ def _version(text: str) -> Version | None:
 
 
 def release_package(install: Install) -> str | None:
-    """The package whose version is the commit axis: the first of `install.packages` with `{commit}`."""
-    if install.kind != "pip":
-        return None
-    for pkg in install.packages:
-        if "{commit}" in pkg:
-            m = _NAME.match(pkg)
-            return m.group(1) if m else None
-    return None
+    """The package whose version is the commit axis (the pip kind: the first of `install.packages`
+    spelled with `{commit}`); None for the kinds without release histories."""
+    return kind_of(install.kind).release_package(install)
 
 
 def release_history(install: Install, *, pre: bool = False) -> ReleaseHistory:

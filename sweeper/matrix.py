@@ -1,4 +1,7 @@
-"""Matrix files: parse and validate once, then expand into cells (pure, starts nothing).
+"""Matrix files: parse and validate once, then expand into cells.
+
+Parsing and expansion are pure (no disk, no processes): `parse_matrix` takes the file's data.
+The loader `load_matrix` reads the file and checks the files it names (its suites) exist.
 
 A matrix file has fixed settings (model, install, suite, serve flags, env, request fields, GPUs per
 cell, repeats), `axes` whose values multiply, and `exclude`/`include` rules with GitHub Actions
@@ -40,12 +43,33 @@ import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from types import ModuleType
+from typing import TYPE_CHECKING, Annotated, Any
 
 import pydantic
 
 from sweeper.errors import clip
 from sweeper.yamlfile import PathKey, Positions, load, os_reason, path_problem, validate
+
+if TYPE_CHECKING:
+    from sweeper.install.kind import InstallKind
+
+def _kinds() -> ModuleType:
+    """The install-kind registry. Imported when a matrix is checked, not with this module: readers use
+    the cells and helpers here without importing the kinds' installers (git, subprocesses)."""
+    import sweeper.install
+
+    return sweeper.install
+
+
+def _kind_names() -> tuple[str, ...]:
+    return tuple(_kind_names())
+
+
+def _kind(name: str) -> InstallKind:
+    kind: InstallKind = _kinds().kind_of(name)
+    return kind
+
 
 CORE_AXES = ("commit", "spec_method", "num_speculative_tokens", "async_scheduling", "attention_backend")
 GENERIC_PREFIXES = ("env.", "serve.", "request.")
@@ -67,7 +91,6 @@ MAX_RULES = 1000              # exclude or include entries (each one is matched 
 MAX_VALUE_CHARS = 65_536      # any string in a matrix: they become argv and env of a server (and git's)
 MAX_KEY_CHARS = 256
 MAX_REF_CHARS = 255
-SIM_HISTORIES = ("demo", "bisect")  # `sim:<name>`: the simulator's `make-repo --scenario` choices
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # `--flag-name`, or vLLM's dotted form for one field of a JSON flag (`--compilation-config.mode`).
@@ -86,15 +109,18 @@ class _Strict(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
 
 
-InstallKind = Literal["sim", "preinstalled", "wheels", "source", "pip"]
-INSTALL_KINDS: tuple[str, ...] = get_args(InstallKind)
+def _one_of(names: Sequence[str]) -> str:
+    """`'a', 'b' or 'c'`: how the expected names of a choice are listed."""
+    quoted = [repr(n) for n in names]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
 
 
 class Install(_Strict):
-    """How to get vLLM at a commit. See `sweeper.environments` for each kind."""
+    """How to get vLLM at a commit. See `sweeper.install` for each kind."""
 
-    # Required: a real matrix that forgot it must never run the simulator instead.
-    kind: InstallKind
+    # Required: a real matrix that forgot it must never run the simulator instead. One of the
+    # registered install kinds (`sweeper.install`).
+    kind: str
     # sim/source: the repository holding the commits (path relative to the matrix, a URL, or
     # `sim:demo` / `sim:bisect` for a simulated history the tool makes itself).
     repo: str | None = None
@@ -121,6 +147,13 @@ class Install(_Strict):
     # Environment cache: where per-commit environments live and how much disk they may use.
     cache_dir: str | None = None
     cache_max_gb: Annotated[Number, pydantic.Field(gt=0, le=MAX_CACHE_GB)] = 200.0
+
+    @pydantic.field_validator("kind", mode="before")
+    @classmethod
+    def _registered(cls, value: Any) -> str:
+        if not isinstance(value, str) or value not in _kind_names():
+            raise ValueError(f"expected one of {_one_of(_kind_names())}, got {clip(value)}")
+        return value
 
 
 class Timeouts(_Strict):
@@ -227,27 +260,6 @@ class Matrix:
 def resolve_path(matrix_path: str, value: str) -> Path:
     p = Path(value).expanduser()
     return p if p.is_absolute() else (Path(matrix_path).parent / p)
-
-
-def model_path(matrix_path: str, value: str) -> str:
-    """A model named by a local folder becomes an absolute path: next to the matrix file first, else
-    from the working directory. Anything else (a hub id such as `Qwen/Qwen3-8B`) is left as written."""
-    p = Path(value).expanduser()
-    if p.is_absolute():
-        return value
-    for candidate in (Path(matrix_path).parent / p, p):
-        if candidate.is_dir():
-            return str(candidate.resolve())
-    return value
-
-
-def with_model_paths(spec: MatrixFile, matrix_path: str) -> MatrixFile:
-    """`model:` and every `spec_config.<method>.model` resolved by `model_path`, for the servers.
-    Cell identities keep the names as written."""
-    spec_config = {method: ({**conf, "model": model_path(matrix_path, conf["model"])}
-                            if isinstance(conf.get("model"), str) else conf)
-                   for method, conf in spec.spec_config.items()}
-    return spec.model_copy(update={"model": model_path(matrix_path, spec.model), "spec_config": spec_config})
 
 
 def canonical(value: Any) -> str:
@@ -451,7 +463,7 @@ def make_cell(spec: MatrixFile, combo: Mapping[str, Any], axis_order: Sequence[s
             values[name] = combo[name]
     commit = combo.get("commit")
     if commit is None:
-        commit = "installed" if spec.install.kind in ("preinstalled", "pip") else "main"
+        commit = _kind(spec.install.kind).default_commit
     server_identity = {
         "commit": commit, "spec_method": spec_method, "nst": nst, "async": combo.get("async_scheduling"),
         "backend": combo.get("attention_backend"), "env": env, "serve": serve, "model": spec.model,
@@ -493,11 +505,16 @@ def group_cells(cells: Sequence[Cell]) -> tuple[ServerGroup, ...]:
 # --- loading ---------------------------------------------------------------------------------
 
 def load_matrix(path: str | Path) -> Matrix:
+    """Read and parse a matrix file, then check the files it names (its suites) exist."""
     data, pos = load(path)
-    return parse_matrix(data, pos, str(path))
+    matrix = parse_matrix(data, pos, str(path))
+    _check_suites(matrix.spec, pos, str(path))
+    return matrix
 
 
 def parse_matrix(data: Any, pos: Positions, path: str) -> Matrix:
+    """The matrix of already-read data (pure: touches no disk; `path` only names it and anchors the
+    relative paths it holds)."""
     if not isinstance(data, dict):
         raise pos.error((), "expected a mapping with model, suite and axes")
     _check_strings(data, pos)
@@ -511,15 +528,13 @@ def parse_matrix(data: Any, pos: Positions, path: str) -> Matrix:
             raise pos.error((kind,), f"{len(getattr(spec, kind)):,} rules; at most {MAX_RULES:,}")
     exclude = _parse_rules("exclude", spec.exclude, names, pos)
     include = _parse_rules("include", spec.include, names, pos)
-    if spec.install.kind == "preinstalled":
-        commits = next((values for name, values in axes if name == "commit"), ())
-        if len(commits) > 1:
-            raise pos.error(("axes", "commit"), f"a preinstalled vLLM is one commit, but the commit axis has "
-                                                f"{len(commits)} values")
+    commits = next((values for name, values in axes if name == "commit"), ())
+    if problem := _kind(spec.install.kind).commits_problem(commits):
+        raise pos.error(("axes", "commit"), problem)
     cells = expand(spec, axes, exclude, include)
     if not cells:
         raise pos.error(("exclude",), "every combination is excluded: the matrix has no cells")
-    _check_suites(spec, pos, path)
+    _check_suite_names(spec, pos)
     return Matrix(path=path, spec=spec, axes=axes, cells=cells, raw=data)
 
 
@@ -528,10 +543,10 @@ def _check_install(data: dict[str, Any], pos: Positions) -> None:
     look like vLLM results."""
     install = data.get("install")
     if install is None:
-        raise pos.error(("install",), f"required (kind: {', '.join(INSTALL_KINDS)}); nothing defaults to "
-                                      "the simulator")
+        raise pos.error(("install",), f"required (kind: {', '.join(_kind_names())}); nothing defaults "
+                                      "to the simulator")
     if isinstance(install, dict) and "kind" not in install:
-        raise pos.error(("install", "kind"), f"required: one of {', '.join(INSTALL_KINDS)}")
+        raise pos.error(("install", "kind"), f"required: one of {', '.join(_kind_names())}")
 
 
 def _check_strings(data: Any, pos: Positions) -> None:
@@ -568,20 +583,31 @@ def _check_settings(spec: MatrixFile, pos: Positions) -> None:
         if problem := _field_problem(name):
             raise pos.error(("request", name), problem)
     repo = spec.install.repo
-    if repo is not None and repo.startswith("sim:") and repo[4:] not in ("", *SIM_HISTORIES):
+    histories: tuple[str, ...] = tuple(_kinds().Sim.HISTORIES)
+    if repo is not None and repo.startswith("sim:") and repo[4:] not in ("", *histories):
         raise pos.error(("install", "repo"), f"unknown simulated history {clip(repo)}; expected one of "
-                                             f"{', '.join('sim:' + h for h in SIM_HISTORIES)}")
+                                             f"{', '.join('sim:' + h for h in histories)}")
+
+
+def _suite_names(spec: MatrixFile) -> list[tuple[PathKey, str]]:
+    names = [spec.suite] if isinstance(spec.suite, str) else spec.suite
+    return [(("suite",) if isinstance(spec.suite, str) else ("suite", i), name) for i, name in enumerate(names)]
+
+
+def _check_suite_names(spec: MatrixFile, pos: Positions) -> None:
+    """What can be said of the suite names without the disk."""
+    named = _suite_names(spec)
+    if not named:
+        raise pos.error(("suite",), "expected a suite file or a list of them")
+    for where, name in named:
+        if problem := path_problem(name):
+            raise pos.error(where, f"{problem}; expected a suite file")
 
 
 def _check_suites(spec: MatrixFile, pos: Positions, path: str) -> None:
-    names = [spec.suite] if isinstance(spec.suite, str) else spec.suite
-    if not names:
-        raise pos.error(("suite",), "expected a suite file or a list of them")
+    """The loader's part: every suite file exists, is a regular file, and is listed once."""
     seen: dict[str, int] = {}
-    for i, name in enumerate(names):
-        where: PathKey = ("suite",) if isinstance(spec.suite, str) else ("suite", i)
-        if problem := path_problem(name):
-            raise pos.error(where, f"{problem}; expected a suite file")
+    for i, (where, name) in enumerate(_suite_names(spec)):
         try:
             suite_path = resolve_path(path, name)
             info = os.stat(suite_path)

@@ -25,7 +25,8 @@ import filelock
 
 from sweeper import gitrepo
 from sweeper.errors import InstallError
-from sweeper.matrix import Install, Matrix, MatrixFile, resolve_path, with_model_paths
+from sweeper.install import kind_of
+from sweeper.matrix import Install, Matrix, MatrixFile, resolve_path
 
 SHIPPED = "shipped.git"
 LOCK_TIMEOUT_S = 3600.0
@@ -125,6 +126,27 @@ def _git(repo: Path, *args: str) -> str:
     return proc.stdout.strip()
 
 
+def model_path(matrix_path: str, value: str) -> str:
+    """A model named by a local folder becomes an absolute path: next to the matrix file first, else
+    from the working directory. Anything else (a hub id such as `Qwen/Qwen3-8B`) is left as written."""
+    p = Path(value).expanduser()
+    if p.is_absolute():
+        return value
+    for candidate in (Path(matrix_path).parent / p, p):
+        if candidate.is_dir():
+            return str(candidate.resolve())
+    return value
+
+
+def with_model_paths(spec: MatrixFile, matrix_path: str) -> MatrixFile:
+    """`model:` and every `spec_config.<method>.model` resolved by `model_path`, for the servers.
+    Cell identities keep the names as written."""
+    spec_config = {method: ({**conf, "model": model_path(matrix_path, conf["model"])}
+                            if isinstance(conf.get("model"), str) else conf)
+                   for method, conf in spec.spec_config.items()}
+    return spec.model_copy(update={"model": model_path(matrix_path, spec.model), "spec_config": spec_config})
+
+
 def portable_spec(matrix: Matrix) -> MatrixFile:
     """The settings workers get. Paths that name a place on every node (model paths, install.cache_dir,
     install.python) become absolute, as the matrix meant them; nothing else names the driver's disk.
@@ -141,8 +163,8 @@ def portable_spec(matrix: Matrix) -> MatrixFile:
 def repo_source(install: Install, repo: Path | None) -> RepoSource | None:
     """How workers get the repository: a URL is cloned on each node; a local repository or a `sim:`
     history travels as a git bundle (made once per state of the repository). Only
-    the kinds that build from the repository on the node (sim, source) need one."""
-    if repo is None or install.kind not in ("sim", "source") or not install.repo:
+    the kinds that build from the repository on the node (`ships_repo`: sim, source) need one."""
+    if repo is None or not kind_of(install.kind).ships_repo or not install.repo:
         return None
     if gitrepo.is_url(install.repo):
         return RepoSource.of_url(install.repo)

@@ -12,9 +12,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sweeper import gitrepo, history
+from sweeper import gitrepo
 from sweeper.errors import ConfigError, GitError, Interrupted, StoreError, SweepError
 from sweeper.executor import ExecutorFactory, choose
+from sweeper.install import kind_of
 from sweeper.matrix import Matrix, MatrixFile, ServerGroup, canonical, load_matrix, short_hash
 from sweeper.portable import RepoSource, portable_spec, repo_source
 from sweeper.records import SweepManifest, commit_axis
@@ -81,17 +82,16 @@ def make_plan(matrix_path: str | Path, runs_dir: str | Path, *, resolve: bool = 
     repo = None if (remote and not resolve) else repo_for(matrix, runs_dir)
     shas: dict[str, str | None] = {}
     commits = matrix.commits()
-    if matrix.spec.install.kind == "preinstalled" and len(commits) > 1:
-        raise ConfigError(f"a preinstalled vLLM is one commit, but the commit axis has {len(commits)} values",
-                          file=matrix.path, key="axes.commit")
-    releases = history.release_package(install) is not None
+    kind = kind_of(install.kind)
+    if problem := kind.commits_problem(commits):
+        raise ConfigError(problem, file=matrix.path, key="axes.commit")
+    releases = kind.release_package(install) is not None
     for ref in commits:
         if repo is None:
             # A release's version is its identity (what a bisect over the releases keys rows by).
             shas[ref] = ref if gitrepo.is_full_sha(ref) or releases else None
-            if matrix.spec.install.kind == "wheels" and shas[ref] is None and not remote:
-                raise ConfigError(f"commit {ref!r} needs install.repo to resolve it to a full sha",
-                                  file=matrix.path, key="axes.commit")
+            if shas[ref] is None and not remote and (problem := kind.unresolved_problem(ref)):
+                raise ConfigError(problem, file=matrix.path, key="axes.commit")
         else:
             try:
                 shas[ref] = gitrepo.resolve(repo, ref)

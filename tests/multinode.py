@@ -175,7 +175,7 @@ class NamespacedCluster:
         for proc in self.processes():
             with contextlib.suppress(psutil.Error):
                 cmd = proc.cmdline()
-                if "serve" in cmd and ("sweeper.sim" in cmd or any(c.endswith("/vllm") for c in cmd)):
+                if "serve" in cmd and ("vllmsim" in cmd or any(c.endswith("/vllm") for c in cmd)):
                     out.append(proc)
         return out
 

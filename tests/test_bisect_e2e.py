@@ -43,7 +43,7 @@ CELL = ["spec_method=mtp"]
 
 
 def make_repo(path: Path, *args: str) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-m", "sweeper.sim", "make-repo", str(path), *args, "--json"],
+    out = subprocess.run([sys.executable, "-m", "vllmsim", "make-repo", str(path), *args, "--json"],
                          check=True, capture_output=True, text=True).stdout
     return dict(json.loads(out))
 
@@ -69,7 +69,7 @@ def found(summary: dict[str, Any]) -> set[tuple[str, str, int | None]]:
     return out
 
 
-# The demo history (sweeper/sim/repo.py): the FSM bug rises at #43911 and is fixed at #44297, whose
+# The demo history (vllmsim/repo.py): the FSM bug rises at #43911 and is fixed at #44297, whose
 # fix leaves whitespace tails without the log line; the thinking budget is ignored from #54120.
 DEMO_CHANGES = {("fsm", "regression", 43911), ("fsm", "fix", 44297), ("whitespace", "regression", 44297),
                 ("budget", "regression", 54120)}

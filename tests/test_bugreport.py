@@ -60,7 +60,7 @@ def test_issue_holds_fingerprint_argv_and_a_curl_line_that_reproduces(secret_run
     archive = subprocess.run(["git", "-C", str(repo), "archive", sha], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
     port = free_port()
-    argv = [sys.executable, "-m", "sweeper.sim", "serve", *argv[2:]]
+    argv = [sys.executable, "-m", "vllmsim", "serve", *argv[2:]]
     argv[argv.index("--port") + 1] = str(port)
     with ServerProcess(argv, {**env, "SWEEP_SIM_TREE": str(tree), "PATH": "/usr/bin:/bin"}, port=port,
                        log_path=tmp_path / "server.log", startup_timeout_s=60) as server:

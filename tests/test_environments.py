@@ -167,7 +167,7 @@ def test_lru_eviction_skips_environments_in_use(tmp_path: Path) -> None:
     busy = _fake_env(cache, "busy", size=1000, last_used=now - 200)
     middle = _fake_env(cache, "middle", size=1000, last_used=now - 100)
     newest = _fake_env(cache, "newest", size=1000, last_used=now)
-    user = Installed(commit="busy", sha=None, launch=("x",), root=str(busy))
+    user = Installed(commit="busy", sha=None, kind="preinstalled", launch=("x",), root=str(busy))
     with in_use(user):
         assert [e.key for e in list_environments(cache) if e.in_use] == ["busy"]
         removed = evict(cache, max_bytes=2500, keep={"newest"})
@@ -208,7 +208,7 @@ def test_sim_kind_materialises_the_tree_and_reports_install_failures(sim_repo, t
     install = Install(kind="sim", repo="simrepo")  # relative to the matrix folder
     env = prepare(install, good[:8], None, base_dir=tmp_path, cache_dir=tmp_path / "cache")
     assert env.sha == good and env.version == "0.27.0"
-    assert env.launch == (sys.executable, "-m", "sweeper.sim", "serve")
+    assert env.launch == (sys.executable, "-m", "vllmsim", "serve")
     tree = Path(env.env["SWEEP_SIM_TREE"])
     assert (tree / "sim.yaml").read_text() == 'version: "0.27.0"\n' and not (tree / ".git").exists()
     with pytest.raises(InstallError, match=r"failed: no wheel for this commit \(CUDA 13 only\)"):
@@ -231,7 +231,7 @@ def test_a_repository_url_is_cloned_once_per_node_by_gitrepo(sim_repo, tmp_path:
 
 def test_sim_without_repo_is_the_latest_simulator(tmp_path: Path) -> None:
     env = prepare(Install(kind="sim"), "main", None, base_dir=tmp_path, cache_dir=tmp_path / "cache")
-    assert env.env == {} and env.launch[-2:] == ("sweeper.sim", "serve")
+    assert env.env == {} and env.launch[-2:] == ("vllmsim", "serve")
 
 
 def test_preinstalled_finds_the_python_and_its_vllm(fake_vllm_repo, tmp_path: Path) -> None:

@@ -317,7 +317,7 @@ axes:
 
 
 def test_the_demo_run(demo_run: RunDir) -> None:
-    """The demo's planted bugs (sweeper/sim/repo.py): the FSM bug on MTP at v0.28.0~3 only (fixed by
+    """The demo's planted bugs (vllmsim/repo.py): the FSM bug on MTP at v0.28.0~3 only (fixed by
     v0.28.0), a silent whitespace bug on MTP from v0.28.0, the thinking budget on MTP + V2 at main."""
     e = report.explain_run(demo_run)
     got = {m.mode: (m.verdict, m.conjunction, m.commits) for m in e.modes}

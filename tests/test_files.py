@@ -45,15 +45,15 @@ def test_a_fingerprint_probe_that_times_out_is_not_cached(tmp_path: Path) -> Non
     root = tmp_path / "env"
     root.mkdir()
     slow = script(tmp_path / "slow", "time.sleep(30)")
-    got = fingerprint.fingerprint(Installed(commit="c", sha=None, launch=("x",), python=slow, root=str(root)),
+    got = fingerprint.fingerprint(Installed(commit="c", sha=None, kind="preinstalled", launch=("x",), python=slow, root=str(root)),
                                   timeout=0.5)
     assert got.torch_version is None and not (root / fingerprint.CACHE_FILE).exists()
     broken = script(tmp_path / "broken", "sys.exit(3)")
-    fingerprint.fingerprint(Installed(commit="c", sha=None, launch=("x",), python=broken, root=str(root)))
+    fingerprint.fingerprint(Installed(commit="c", sha=None, kind="preinstalled", launch=("x",), python=broken, root=str(root)))
     assert not (root / fingerprint.CACHE_FILE).exists()
     # The next group asks again, and a good answer is kept.
     good = script(tmp_path / "good", 'print(\'{"torch": "2.9.0", "cuda": "13.0"}\')')
-    got = fingerprint.fingerprint(Installed(commit="c", sha=None, launch=("x",), python=good, root=str(root)))
+    got = fingerprint.fingerprint(Installed(commit="c", sha=None, kind="preinstalled", launch=("x",), python=good, root=str(root)))
     assert got.torch_version == "2.9.0"
     assert json.loads((root / fingerprint.CACHE_FILE).read_text()) == {"torch": "2.9.0", "cuda": "13.0"}
 
@@ -63,11 +63,11 @@ def test_a_help_that_fails_or_times_out_is_not_cached(tmp_path: Path) -> None:
     root.mkdir()
     slow = script(tmp_path / "slow", "time.sleep(30)")
     with pytest.raises(ConfigError, match="timed out"):
-        supported_flags(Installed(commit="c", sha=None, launch=(slow,), root=str(root)), timeout=0.5)
+        supported_flags(Installed(commit="c", sha=None, kind="preinstalled", launch=(slow,), root=str(root)), timeout=0.5)
     failing = script(tmp_path / "failing", "print('ImportError: no torch'); sys.exit(1)")
     with pytest.raises(ConfigError, match="no --port flag"):
-        supported_flags(Installed(commit="c", sha=None, launch=(failing,), root=str(root)))
+        supported_flags(Installed(commit="c", sha=None, kind="preinstalled", launch=(failing,), root=str(root)))
     assert sorted(p.name for p in root.iterdir() if not p.name.endswith(".lock")) == []
     good = script(tmp_path / "good", f"print({HELP!r})")
-    assert "--max-model-len" in supported_flags(Installed(commit="c", sha=None, launch=(good,), root=str(root)))
+    assert "--max-model-len" in supported_flags(Installed(commit="c", sha=None, kind="preinstalled", launch=(good,), root=str(root)))
     assert (root / "flags.json").exists()

@@ -58,7 +58,7 @@ def test_a_missed_scrape_leaves_the_spec_figures_empty_and_says_why(tmp_path: Pa
     with pytest.raises(MetricsError, match="GET /metrics failed: ConnectError"):
         metrics.scrape(f"http://127.0.0.1:{free_port()}", timeout=2)
     port = free_port()
-    argv = [sys.executable, "-m", "sweeper.sim", "serve", "--model", "m", "--port", str(port), "--api-key", "k",
+    argv = [sys.executable, "-m", "vllmsim", "serve", "--model", "m", "--port", str(port), "--api-key", "k",
             "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}']
     with ServerProcess(argv, dict(os.environ), port=port, log_path=tmp_path / "s.log", startup_timeout_s=60) as srv:
         with pytest.raises(MetricsError, match="HTTP 404"):
@@ -84,7 +84,7 @@ import sys, time
 from pathlib import Path
 from sweeper.server import ServerProcess
 port, log = int(sys.argv[1]), Path(sys.argv[2])
-srv = ServerProcess([sys.executable, "-m", "sweeper.sim", "serve", "--model", "m", "--port", str(port)],
+srv = ServerProcess([sys.executable, "-m", "vllmsim", "serve", "--model", "m", "--port", str(port)],
                     {}, port=port, log_path=log, startup_timeout_s=60)
 srv.__enter__()
 print(srv.proc.pid, flush=True)
@@ -123,7 +123,7 @@ def test_a_server_does_not_outlive_a_ray_worker_that_exits(tmp_path: Path) -> No
     class Owner:
         def start(self, log: str) -> tuple[int, int]:
             port = free_port()
-            srv = ServerProcess([sys.executable, "-m", "sweeper.sim", "serve", "m", "--host", "127.0.0.1", "--port",
+            srv = ServerProcess([sys.executable, "-m", "vllmsim", "serve", "m", "--host", "127.0.0.1", "--port",
                                  str(port)], dict(os.environ), port=port, log_path=Path(log), startup_timeout_s=60)
             srv.start()
             srv.wait_ready()

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from sweeper.errors import ConfigError
-from sweeper.matrix import expand_combinations, load_matrix
+from sweeper.matrix import expand_combinations, load_matrix, parse_matrix
+from sweeper.yamlfile import load
 
 A = [("os", ["linux", "windows"]), ("py", ["3.11", "3.12"])]
 
@@ -61,6 +62,16 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 BASE = "model: m\nsuite: s.yaml\ninstall: {kind: sim}\n"
+
+
+def test_parsing_reads_no_files_and_the_loader_checks_the_suites(tmp_path):
+    path = write(tmp_path, "model: m\nsuite: [s.yaml, nope.yaml]\ninstall: {kind: sim}\naxes: {commit: [v1]}\n")
+    data, pos = load(path)
+    matrix = parse_matrix(data, pos, str(path))  # the data alone: a suite file missing is no concern yet
+    assert [p.name for p in matrix.suite_paths] == ["s.yaml", "nope.yaml"]
+    with pytest.raises(ConfigError) as err:
+        load_matrix(path)
+    assert str(err.value) == f"{path}:2: suite[1]: suite file not found: {tmp_path}/nope.yaml"
 
 
 def test_spec_none_collapses_num_speculative_tokens(tmp_path):

@@ -130,7 +130,7 @@ import os, sys
 PYTHON = {python!r}
 def main():
     # The simulator, started as `vllm ...`: what a source install of vLLM gives.
-    os.execv(PYTHON, [PYTHON, "-m", "sweeper.sim", *sys.argv[1:]])
+    os.execv(PYTHON, [PYTHON, "-m", "vllmsim", *sys.argv[1:]])
 '''
 SETUP = '''
 from setuptools import setup

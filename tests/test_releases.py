@@ -36,7 +36,7 @@ def main() -> None:
     # The simulator, with this release's declared behaviour: what `vllm serve` of this version does.
     os.environ["SWEEP_SIM_TREE"] = str(Path(__file__).parent)
     python = PYTHON
-    os.execv(python, [python, "-m", "sweeper.sim", *sys.argv[1:]])
+    os.execv(python, [python, "-m", "vllmsim", *sys.argv[1:]])
 '''
 BUG = {"id": "fsm", "effect": "fsm_whitespace", "when": {"json_schema": True}, "rate": 1.0}
 

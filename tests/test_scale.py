@@ -19,7 +19,7 @@ import yaml
 
 from sweeper.replay import Request, run_replay
 
-SIM = [sys.executable, "-m", "sweeper.sim"]
+SIM = [sys.executable, "-m", "vllmsim"]
 
 
 def _free_port() -> int:
@@ -86,7 +86,7 @@ from sweeper.environments import Installed
 from sweeper import fingerprint
 from sweeper.vllm.supported import supported_flags
 fake, root = sys.argv[1], sys.argv[2]
-inst = Installed(commit="c", sha=None, launch=(fake,), python=fake, root=root)
+inst = Installed(commit="c", sha=None, kind="preinstalled", launch=(fake,), python=fake, root=root)
 flags = supported_flags(inst)
 print(json.dumps({"flags": sorted(flags.flags), "torch": fingerprint.fingerprint(inst).torch_version}))
 """

@@ -44,7 +44,7 @@ def cell(**axes: Any):
     return make_cell(spec, axes, list(axes))
 
 
-INSTALLED = Installed(commit="v0.32.0", sha=None, version="0.32.0",
+INSTALLED = Installed(commit="v0.32.0", sha=None, kind="preinstalled", version="0.32.0",
                       launch=("/env/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model"),
                       env={"VLLM_CACHE_ROOT": "/c"})
 

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sweeper.sim.logs import Line
-from sweeper.sim.tree import Tree
+from vllmsim.logs import Line
+from vllmsim.tree import Tree
 
 SPEC_METHODS = (
     "ngram",

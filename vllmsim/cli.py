@@ -1,4 +1,4 @@
-"""`sweep sim` / `python -m sweeper.sim`: `serve` (a stand-in for `vllm serve`) and `make-repo`."""
+"""`python -m vllmsim` (also `sweep sim`): `serve` (a stand-in for `vllm serve`) and `make-repo`."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ from typing import Annotated
 
 import typer
 
-from sweeper.sim import args, config, repo, tree
-from sweeper.sim.behaviour import Behaviour
-from sweeper.sim.logs import Logger
+from vllmsim import args, config, repo, tree
+from vllmsim.behaviour import Behaviour
+from vllmsim.logs import Logger
 
 app = typer.Typer(
-    help="The vLLM simulator: a vLLM-compatible server whose bugs are declared per commit.",
+    help="The vLLM simulator: a vLLM-compatible server whose bugs are declared per commit.\n\n"
+         "Example: python -m vllmsim make-repo /tmp/vllm-sim",
     no_args_is_help=True,
     add_completion=False,
 )
@@ -57,7 +58,7 @@ def serve(ctx: typer.Context) -> None:
 def serve_main(argv: list[str]) -> int:
     # The HTTP server's imports, paid by a server only (not by every `sweep` command), and before its
     # first log line: a stop signal that follows a line must find its handler installed.
-    from sweeper.sim.server import run
+    from vllmsim.server import run
 
     log = Logger()
     try:

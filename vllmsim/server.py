@@ -17,14 +17,14 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from sweeper.sim import chat
-from sweeper.sim.behaviour import Behaviour
-from sweeper.sim.config import EngineConfig, Startup
-from sweeper.sim.generate import Channel
-from sweeper.sim.logs import Logger
-from sweeper.sim.metrics import Metrics
-from sweeper.sim.request import ChatRequest, RequestError, parse
-from sweeper.sim.tree import Bug, Effect, Tree
+from vllmsim import chat
+from vllmsim.behaviour import Behaviour
+from vllmsim.config import EngineConfig, Startup
+from vllmsim.generate import Channel
+from vllmsim.logs import Logger
+from vllmsim.metrics import Metrics
+from vllmsim.request import ChatRequest, RequestError, parse
+from vllmsim.tree import Bug, Effect, Tree
 
 _ROUTES = ("/health", "/metrics", "/version", "/v1/models", "/v1/chat/completions")
 

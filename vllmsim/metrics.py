@@ -12,7 +12,7 @@ import threading
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from sweeper.sim.config import EngineConfig
+from vllmsim.config import EngineConfig
 
 prometheus_client.disable_created_metrics()  # vLLM's exposition has no *_created series
 

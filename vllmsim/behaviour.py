@@ -26,9 +26,9 @@ import threading
 from collections import Counter
 from typing import Any
 
-from sweeper.sim.config import EngineConfig
-from sweeper.sim.logs import Line
-from sweeper.sim.tree import Bug, Effect, Tree, beta_parameters
+from vllmsim.config import EngineConfig
+from vllmsim.logs import Line
+from vllmsim.tree import Bug, Effect, Tree, beta_parameters
 
 START_SEED_ENV = "SWEEP_SIM_START_SEED"
 START_LINE_WHERE = "behaviour.py:71"

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sweeper.sim.config import EngineConfig
+from vllmsim.config import EngineConfig
 
 
 class RequestError(Exception):

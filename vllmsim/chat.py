@@ -14,12 +14,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from sweeper.sim import generate as g
-from sweeper.sim.config import EngineConfig
-from sweeper.sim.generate import Channel, Token
-from sweeper.sim.instance import instance
-from sweeper.sim.request import ChatRequest
-from sweeper.sim.tree import Bug, Effect
+from vllmsim import generate as g
+from vllmsim.config import EngineConfig
+from vllmsim.generate import Channel, Token
+from vllmsim.instance import instance
+from vllmsim.request import ChatRequest
+from vllmsim.tree import Bug, Effect
 
 FSM_ERROR_TOKENS = (71093, 2164, 271)
 _ARRAY_COLON = re.compile(r'(?<!\\)": \[')

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from sweeper.sim.tree import beta_parameters
+from vllmsim.tree import beta_parameters
 
 _START_EPOCH = 1786438800  # 2026-08-11T09:00:00Z, the v0.27.0 release
 _AUTHORS = (  # invented: a simulated history must not put words in real maintainers' mouths
