@@ -400,8 +400,3 @@ def _sql_str(text: str) -> str:
 
 def _sql_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
-
-
-def schema_of(kind: str) -> pa.Schema:
-    """The declared schema of a run's `samples`, `cells` or `probes` files."""
-    return _TABLES[kind]

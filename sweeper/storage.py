@@ -183,10 +183,6 @@ class Location:
                 os.makedirs(os.path.dirname(to.path), exist_ok=True)
             self.fs.move(self.path, to.path)
 
-    def delete(self) -> None:
-        with _errors(self.shown):
-            self.fs.delete_file(self.path)
-
     def make_dir(self) -> None:
         """A folder (object stores have none: nothing to make there)."""
         if self.local:

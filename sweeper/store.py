@@ -243,9 +243,6 @@ class Scan:
     partial: list[str] = field(default_factory=list)
     rows: dict[str, int] = field(default_factory=dict)  # group -> sample rows
 
-    def damaged_groups(self) -> list[str]:
-        return [d.group_id for d in self.damage if d.group_id]
-
 
 # Footers already read, by (filesystem, path, size, mtime): a report reads a run several times.
 _CHECKED: dict[tuple[str, str, int | None, int | None], FileCheck] = {}

@@ -37,9 +37,6 @@ class Logger:
     def info_line(self, where: str, message: str, *, engine: bool = False) -> None:
         self.emit(Line("INFO", where, message, engine))
 
-    def warning_line(self, where: str, message: str, *, engine: bool = False) -> None:
-        self.emit(Line("WARNING", where, message, engine))
-
     def error_line(self, where: str, message: str, *, engine: bool = False) -> None:
         self.emit(Line("ERROR", where, message, engine))
 
