@@ -95,7 +95,7 @@ class History:
             raise ValueError(f"c{i} is untestable")
         p = self._start_rates(rng, i)
         counts = rng.multinomial(n, [*p, max(0.0, 1.0 - p.sum())])
-        return {m: int(c) for m, c in zip(self.modes, counts[:-1])}
+        return {m: int(c) for m, c in zip(self.modes, counts[:-1], strict=True)}
 
     def probe_any(self, rng: np.random.Generator, i: int, n: int,
                   stop_after: int | None = None) -> tuple[int, int]:

@@ -17,6 +17,7 @@ run's driver writes may drop the driver's newest entry, which the next listing f
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -110,10 +111,9 @@ class RunCatalogue:
         when that changed it and `save` (a read-only store is read all the same)."""
         cat = cls.stored(run)
         if cat.reconcile() and save:
-            try:
+            # Not writable here: the next reader indexes the same files again.
+            with contextlib.suppress(StoreError):
                 cat.save()
-            except StoreError:
-                pass  # not writable here: the next reader indexes the same files again
         return cat
 
     @classmethod

@@ -265,7 +265,9 @@ def _mask(dims: Mapping[str, Sequence[str | None]], terms: Sequence[tuple[str, s
     return mask
 
 
-def _too_broad(c: _Conj, dims: Mapping[str, Sequence[str | None]], n: np.ndarray, k: np.ndarray,
+# The private steps of the conjunction search below take the search's arrays positionally: they are
+# one algorithm split for reading, not an API (PLR0917 is silenced for them).
+def _too_broad(c: _Conj, dims: Mapping[str, Sequence[str | None]], n: np.ndarray, k: np.ndarray,  # noqa: PLR0917
                alpha: float, rho: float, cell_of: np.ndarray) -> bool:
     """Whether a part of `c` is credibly clean: a part holding at most 5 % of its failures whose
     count is improbably low at the rate of the rest (one-sided Fisher on effective counts,
@@ -409,7 +411,7 @@ def _server_modes(rows: Mapping[str, Mapping[str, Any]], order: Mapping[str, int
     return out
 
 
-def _explain_mode(mode: str, table: Units, n_all: np.ndarray, k_all: np.ndarray, commits_all: Sequence[str],
+def _explain_mode(mode: str, table: Units, n_all: np.ndarray, k_all: np.ndarray, commits_all: Sequence[str],  # noqa: PLR0917
                   alpha: float, max_terms: int, cases: tuple[str, ...]) -> ModeExplanation:
     n_units = len(table.cell)
     shown = {c for c, k in zip(table.commit, k_all, strict=True) if k > 0}
@@ -494,7 +496,7 @@ def _explain_mode(mode: str, table: Units, n_all: np.ndarray, k_all: np.ndarray,
         inside_evidence=_evidence(best.mask, n, k, w_best), outside_evidence=_evidence(out_mask, n, k, w_best))
 
 
-def _best(conjs: Sequence[_Conj], dims: Mapping[str, Sequence[str | None]], n: np.ndarray, k: np.ndarray,
+def _best(conjs: Sequence[_Conj], dims: Mapping[str, Sequence[str | None]], n: np.ndarray, k: np.ndarray,  # noqa: PLR0917
           total_k: int, alpha: float, max_terms: int, rho_cell: float, cell_of: np.ndarray) -> _Conj | None:
     """The smallest fitting conjunction that is significant; else the smallest fitting one. A
     smaller one can fit without being significant where one of its starts was clean by chance: the

@@ -51,7 +51,7 @@ def repeat(status: int) -> NoReturn:
     """End this process the way the child ended: its exit code, or the signal that killed it."""
     code = os.waitstatus_to_exitcode(status)
     if code < 0:
-        try:
+        try:  # noqa: SIM105  (contextlib is one more import on the path of every server start)
             signal.signal(-code, signal.SIG_DFL)
         except (OSError, ValueError):
             pass  # SIGKILL, SIGSTOP: their action is the default one already

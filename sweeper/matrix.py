@@ -310,7 +310,7 @@ def _field_problem(name: str) -> str | None:
     return f"expected a request body field name (letters, digits, _ and -), got {clip(name)}"
 
 
-def _coerce(axis: str, value: Any, pos: Positions, path: PathKey) -> Any:
+def _coerce(axis: str, value: Any, pos: Positions, path: PathKey) -> Any:  # noqa: PLR0911  (one return per axis kind)
     """Normalise one axis value, or say what was expected."""
     if axis == "commit":
         if not isinstance(value, str) or not value:
@@ -416,7 +416,7 @@ def expand_combinations(axes: Sequence[tuple[str, Sequence[Any]]], exclude: Sequ
     for rule in include:
         matched = False
         # Only combinations of the product are extended; ones added by an include stand alone.
-        for combo, original in zip(combos, originals):
+        for combo, original in zip(combos, originals, strict=True):
             if all(_eq(original[k], v) for k, v in rule.items() if k in axis_names):
                 combo.update(rule)
                 matched = True

@@ -437,7 +437,7 @@ class _CellBase:
             "started_at": reply.started_at,
         }
 
-    def cell_row(self, cell: Cell, samples: Sequence[Mapping[str, Any]], *, status: Status, detail: str,
+    def cell_row(self, cell: Cell, samples: Sequence[Mapping[str, Any]], *, status: Status, detail: str,  # noqa: PLR0913
                  log_tail: str, duration: float, effective: Any = None, spec: Mapping[str, Any] | None = None,
                  finger: Mapping[str, Any] | None = None, signature: str | None = None) -> dict[str, Any]:
         n = len(samples)

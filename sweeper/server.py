@@ -13,6 +13,7 @@ any node, even when the server hangs in its own shutdown.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -141,10 +142,8 @@ class ServerProcess:
         pgid = self.proc.pid  # leader of its own session: pgid == pid
         deadline = time.monotonic() + self.grace_s
         _signal_group(pgid, signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=self.grace_s)
-        except subprocess.TimeoutExpired:
-            pass
         # Children may outlive the leader (vLLM's engine core does): give them the rest of the
         # grace period, then KILL whatever is left of the group.
         while _group_alive(pgid) and time.monotonic() < deadline:
@@ -160,10 +159,8 @@ class ServerProcess:
 
 
 def _signal_group(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _group_alive(pgid: int) -> bool:

@@ -17,7 +17,7 @@ import os
 import re
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -171,10 +171,8 @@ class Location:
                     f.write(data)
                 self.fs.move(tmp.path, self.path)
             except BaseException:
-                try:
+                with suppress(OSError, pa.ArrowException):
                     self.fs.delete_file(tmp.path)
-                except (OSError, pa.ArrowException):
-                    pass
                 raise
 
     def move(self, to: Location) -> None:

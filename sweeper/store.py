@@ -399,7 +399,7 @@ class RunDir:
                     why = f"{files[0]}: {s_info.size:,} bytes, {clip(size)} were written"
             if why:
                 out.damage.append(Damage(self.run_id, f"group {gid}", why,
-                                         tuple(f for f, i in zip(files, (s_info, c_info)) if i is not None), gid))
+                                         tuple(f for f, i in zip(files, (s_info, c_info), strict=True) if i is not None), gid))
             else:
                 out.groups[gid] = (self.file(files[0]).path, self.file(files[1]).path)
                 out.rows[gid] = s.rows if s else 0

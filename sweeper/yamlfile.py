@@ -232,7 +232,7 @@ class _MergeKey:
 _MERGE_KEY = _MergeKey()
 
 
-def _build(text: str) -> tuple[Any, dict[PathKey, int]]:
+def _build(text: str) -> tuple[Any, dict[PathKey, int]]:  # noqa: PLR0912, PLR0915  (one parser loop, one branch per event)
     parser = _Parser(text)
     lines: dict[PathKey, int] = {}
     anchors: dict[str, tuple[Any, int]] = {}

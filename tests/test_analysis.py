@@ -104,7 +104,7 @@ def test_filters_on_axes_and_unknown_axes(tmp_path: Path) -> None:
     sub = samples[(samples["request.temperature"] == 0.5) & (samples.spec_method == "mtp")]
     assert dict(zip(counts.commit, counts.n, strict=True)) == sub.groupby("commit").size().to_dict()
     assert analysis.failure_counts(run, ["commit"], where={"env.VLLM_USE_V2_MODEL_RUNNER": 0}).empty  # "0" is not 0
-    with pytest.raises(SweepError, match="no axis 'env.NOPE'"):
+    with pytest.raises(SweepError, match=r"no axis 'env.NOPE'"):
         analysis.failure_counts(run, ["env.NOPE"])
 
 

@@ -92,7 +92,7 @@ def test_bisect_as_typed_names_both_culprits_and_the_fix_with_their_cells(
         history: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
     root, shas = history
     runs, cache = tmp_path / "runs", tmp_path / "cache"
-    with pytest.raises(BisectError, match="no sweep run under .*: run `sweep matrix MATRIX.yaml` first"):
+    with pytest.raises(BisectError, match=r"no sweep run under .*: run `sweep matrix MATRIX.yaml` first"):
         run_bisect(BisectScope(good="v0.27", bad="main"), BisectOptions(runs_dir=runs, cache_dir=cache))
     sweep = run_matrix(root / "m.yaml", runs_dir=runs, run_id="sweep", executor=choose(gpus=4), cache_dir=cache)
     envs_after_sweep = {e.sha for e in list_environments(cache)}

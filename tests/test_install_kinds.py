@@ -89,8 +89,8 @@ def test_an_unregistered_kind_is_refused_by_name(toy_kind: InstallKind, tmp_path
         install.register(Launcher())
     install.unregister(toy_kind.name)
     try:
-        with pytest.raises(ConfigError, match="m.yaml:4: install.kind: expected one of 'sim', 'preinstalled', "
-                                              "'wheels', 'source' or 'pip', got 'toy-launcher'"):
+        with pytest.raises(ConfigError, match=r"m\.yaml:4: install\.kind: expected one of 'sim', 'preinstalled', "
+                                              r"'wheels', 'source' or 'pip', got 'toy-launcher'"):
             load_matrix(toy_matrix(tmp_path, tiny_suite))
     finally:
         install.register(toy_kind)

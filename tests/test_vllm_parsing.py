@@ -209,7 +209,7 @@ def test_log_index_finds_the_same_lines_as_the_scan() -> None:
     for start in range(0, len(lines), 37):
         grown.add(lines[start:start + 37])
     for index in (LogIndex(lines), LogIndex(lines, hints=("a-1",)), grown):
-        for rid in ids + ["chatcmpl-a", "cmpl-a-1", "a-0123abcd"]:
+        for rid in [*ids, "chatcmpl-a", "cmpl-a-1", "a-0123abcd"]:
             assert index.lines_for(rid) == request_log_lines(lines, rid), rid
             assert index.lines_for("zz", {"id": rid}) == request_log_lines(lines, "zz", {"id": rid}), rid
 

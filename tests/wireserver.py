@@ -9,6 +9,7 @@ Standard library only: it runs under any Python the sweeper launches.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -93,17 +94,14 @@ class Handler(BaseHTTPRequestHandler):
         model = body.get("model")
         behaviour = model if model in BEHAVIOURS else os.environ.get("WIRE_BEHAVIOUR", "ok")
         stream = bool(body.get("stream"))
-        try:
+        # The client gave up (a cap, a timeout), or the behaviour closed the socket itself.
+        with contextlib.suppress(OSError):
             getattr(self, f"_{behaviour}")(stream)
-        except OSError:
-            pass  # the client gave up (a cap, a timeout), or the behaviour closed the socket itself
         self.close_connection = True
 
     def finish(self) -> None:
-        try:
+        with contextlib.suppress(OSError):  # the socket is closed already (a reset, a cut)
             super().finish()
-        except OSError:
-            pass  # the socket is closed already (a reset, a cut)
 
     # --- plumbing ------------------------------------------------------------------------------
 
@@ -267,10 +265,8 @@ def main(argv: list[str]) -> int:
     print(f"INFO: wire server on http://{host}:{port} ({os.environ.get('WIRE_BEHAVIOUR', 'ok')})", flush=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         thread.join()
-    except KeyboardInterrupt:
-        pass
     return 0
 
 

@@ -375,7 +375,7 @@ def _non_default(ns: argparse.Namespace) -> dict[str, Any]:
     }
     shown: dict[str, Any] = {}
     for key, value in sorted(vars(ns).items()):
-        if key in ("model_tag",) or value in (None, False) and key not in defaults:
+        if key in ("model_tag",) or (value in (None, False) and key not in defaults):
             continue
         if key in defaults and defaults[key] == value:
             continue

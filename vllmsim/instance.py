@@ -203,10 +203,7 @@ class Generator:
             schema["items"] if isinstance(schema.get("items"), list) else []
         )
         items = schema.get("items") if isinstance(schema.get("items"), dict) else {}
-        if depth >= _MAX_DEPTH:
-            count = lo
-        else:
-            count = max(lo, min(hi, self.rng.randint(1, 3)))
+        count = lo if depth >= _MAX_DEPTH else max(lo, min(hi, self.rng.randint(1, 3)))
         count = max(count, min(len(prefix), hi)) if prefix else count
         out: list[Any] = []
         for i in range(count):

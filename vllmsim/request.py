@@ -134,7 +134,7 @@ def _response_format(fmt: Any) -> tuple[Any, bool]:
         raise RequestError("response_format.type must be one of 'text', 'json_object', 'json_schema'.")
     if fmt["type"] == "json_schema":
         spec = fmt.get("json_schema")
-        if not isinstance(spec, dict) or "schema" not in spec and "json_schema" not in spec:
+        if not isinstance(spec, dict) or ("schema" not in spec and "json_schema" not in spec):
             raise RequestError("response_format.json_schema: Field required")
         schema = spec.get("schema", spec.get("json_schema"))
         if not isinstance(schema, (dict, bool)):

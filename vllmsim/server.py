@@ -261,7 +261,7 @@ class Handler(BaseHTTPRequestHandler):
                 ttft = time.monotonic() - start
             if token.channel is Channel.REASONING:
                 chunk({"reasoning": token.text}, token_ids=[token.id])
-            elif token.channel is Channel.CONTENT or token.channel is Channel.TOOL and not c.tool_calls:
+            elif token.channel is Channel.CONTENT or (token.channel is Channel.TOOL and not c.tool_calls):
                 chunk({"content": token.text}, token_ids=[token.id])
         if c.tool_calls:
             chunk({"tool_calls": c.tool_calls}, token_ids=[])

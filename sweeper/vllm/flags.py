@@ -192,10 +192,7 @@ def _render(flag: str, value: Any, have: FlagSet | None, cell: Cell,
         _check_choice(flag, value, have, cell, installed)
         return _flag_argv(flag, value), {}
     for translate in RENAMES.get(base, ()):
-        if base == "--no-async-scheduling":
-            out = translate(False, have)
-        else:
-            out = translate(value, have)
+        out = translate(False, have) if base == "--no-async-scheduling" else translate(value, have)
         if out is not None:
             return out
     since = INTRODUCED.get(base)

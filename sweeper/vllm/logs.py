@@ -96,7 +96,7 @@ def _literal(node: ast.AST) -> Any:
     if isinstance(node, ast.Constant):
         return node.value
     if isinstance(node, ast.Dict):
-        return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values) if k is not None}
+        return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values, strict=True) if k is not None}
     if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
         return [_literal(e) for e in node.elts]
     if isinstance(node, ast.Call):

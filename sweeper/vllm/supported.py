@@ -38,11 +38,11 @@ def _ask_help(installed: Installed, timeout: float) -> FlagSet:
     env = {**os.environ, **installed.env}
     if installed.root:  # keep vLLM's caches out of the home folder
         env.setdefault("VLLM_CACHE_ROOT", str(Path(installed.root) / "vllm-cache"))
-    text = _help_text(launch + ["--help"], env, timeout)
+    text = _help_text([*launch, "--help"], env, timeout)
     flags = parse_help(text, installed.version)
     # Some `vllm serve --help` versions list config groups only; `--help=all` lists every flag.
     if "--port" not in flags or "--max-model-len" not in flags:
-        text += "\n" + _help_text(launch + ["--help=all"], env, timeout)
+        text += "\n" + _help_text([*launch, "--help=all"], env, timeout)
         flags = parse_help(text, installed.version)
     if "--port" not in flags:
         raise ConfigError(f"`{' '.join(launch)} --help` listed no --port flag; is install.launch right? "
