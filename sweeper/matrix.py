@@ -63,7 +63,7 @@ def _kinds() -> ModuleType:
 
 
 def _kind_names() -> tuple[str, ...]:
-    return tuple(_kind_names())
+    return tuple(_kinds().names())
 
 
 def _kind(name: str) -> InstallKind:
