@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from sweeper.executor import choose
 from sweeper.store import RunDir
 from sweeper.sweep import run_matrix
 
@@ -24,15 +25,16 @@ def report_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
-def demo_run(ray_cluster: None, report_dirs: Path) -> RunDir:
-    """`matrices/demo.yaml` exactly as shipped, its history and environments in the session's tmp."""
+def demo_run(report_dirs: Path) -> RunDir:
+    """`matrices/demo.yaml` exactly as shipped, its history and environments in the session's tmp; run
+    by the in-process executor (tests/test_executor.py checks that Ray gives the same results)."""
     outcome = run_matrix(ROOT / "matrices" / "demo.yaml", runs_dir=report_dirs / "runs", run_id="demo",
-                         cache_dir=report_dirs / "cache")
+                         executor=choose("local"), cache_dir=report_dirs / "cache")
     return outcome.run
 
 
 @pytest.fixture(scope="session")
-def secret_run(ray_cluster: None, report_dirs: Path) -> RunDir:
+def secret_run(report_dirs: Path) -> RunDir:
     """The demo history at main, thinking-budget suite only, with a token in the env and in an axis."""
     path = report_dirs / "secret.yaml"
     path.write_text(f"""
@@ -51,5 +53,6 @@ axes:
   env.VLLM_USE_V2_MODEL_RUNNER: ["0", "1"]
   env.SWEEP_TEST_SECRET_TOKEN: ["{TOKEN_AXIS}"]
 """)
-    outcome = run_matrix(path, runs_dir=report_dirs / "secret-runs", run_id="secret", cache_dir=report_dirs / "cache")
+    outcome = run_matrix(path, runs_dir=report_dirs / "secret-runs", run_id="secret", executor=choose("local"),
+                         cache_dir=report_dirs / "cache")
     return outcome.run

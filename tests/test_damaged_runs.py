@@ -26,10 +26,11 @@ ROWS = len(COMMITS) * 2 * 2 * 3  # commits x spec methods x cases x repeats
 
 
 @pytest.fixture(scope="module")
-def made(tmp_path_factory: pytest.TempPathFactory, ray_cluster: None) -> tuple[Path, Path]:
+def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(matrix file, runs folder with run `r`): 2 commits x 2 spec methods = 4 server groups."""
     from conftest import SUITE
 
+    from sweeper.executor import choose
     from sweeper.sweep import run_matrix
 
     tmp = tmp_path_factory.mktemp("made")
@@ -40,7 +41,7 @@ def made(tmp_path_factory: pytest.TempPathFactory, ray_cluster: None) -> tuple[P
                     "concurrency: 2\ntimeouts: {startup_s: 60, request_s: 20}\n"
                     f"axes:\n  commit: {json.dumps(COMMITS)}\n  spec_method: [none, mtp]\n"
                     "  num_speculative_tokens: [2]\n")
-    outcome = run_matrix(path, runs_dir=tmp / "runs", run_id="r")
+    outcome = run_matrix(path, runs_dir=tmp / "runs", run_id="r", executor=choose("local"))
     assert len(outcome.ran) == 4
     return path, tmp / "runs"
 

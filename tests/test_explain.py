@@ -17,6 +17,7 @@ from conftest import make_sim_repo
 from scipy.stats import fisher_exact
 
 from sweeper import analysis, explain, report
+from sweeper.executor import choose
 from sweeper.explain import Verdict
 from sweeper.store import RunDir
 from sweeper.suite import Suite, load_suite
@@ -278,7 +279,6 @@ PLANTED = [
 ]
 
 
-@pytest.mark.usefixtures("ray_cluster")
 def test_planted_conjunctions_in_a_simulated_history(tmp_path: Path) -> None:
     repo = tmp_path / "vllm"
     make_sim_repo(repo, [("v1", {}), ("v2", {"bugs": PLANTED})])
@@ -299,7 +299,8 @@ axes:
   env.VLLM_USE_V2_MODEL_RUNNER: ["0", "1"]
   attention_backend: [FLASH_ATTN, FLASHINFER]
 """)
-    run = run_matrix(matrix, runs_dir=tmp_path / "runs", run_id="p", cache_dir=tmp_path / "cache").run
+    run = run_matrix(matrix, runs_dir=tmp_path / "runs", run_id="p", executor=choose("local"),
+                     cache_dir=tmp_path / "cache").run
     e = report.explain_run(run)
     by_mode = {m.mode: m for m in e.modes}
     assert set(by_mode) == {"content_nonempty + finish_reason + reasoning_tokens_at_most",
