@@ -27,6 +27,9 @@ Serve flag values: `true` gives the bare flag, `false`/`null` leave it out, anyt
 passed as the flag's value (mappings as JSON). Env values are strings; `null` unsets.
 Request fields are merged into every request body of the suite; `null` removes a field.
 `max_response_mb` (default 16) caps each answer as it is read: a larger one fails its sample.
+`design` (`full`, `covering`, `covering:T` or `{kind, strength, seed}`) says which cells run
+(`sweeper.design`); `cost: {install_s, start_s, request_s}` states the GPU-time profile
+(`sweeper.cost`) over the install kind's defaults.
 """
 
 from __future__ import annotations
