@@ -14,7 +14,7 @@ import heapq
 import itertools
 import random
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sweeper.matrix import Cell, DesignSpec, Matrix, ServerGroup, canonical, short_hash
@@ -22,8 +22,6 @@ from sweeper.matrix import Cell, DesignSpec, Matrix, ServerGroup, canonical, sho
 # The value of an axis a cell does not bind (collapsed, e.g. num_speculative_tokens with no spec
 # method; or a key only some include entries add): a value of its own, so it is covered like any other.
 ABSENT = "\0absent"
-
-Combination = tuple[tuple[int, str], ...]  # (axis index, canonical value) per axis, axes ascending
 
 
 @dataclass(frozen=True)
@@ -65,12 +63,6 @@ def server_row(cell: Cell, axes: Sequence[str]) -> tuple[str, ...]:
     return tuple(canonical(cell.values[a]) if a in cell.values else ABSENT for a in axes)
 
 
-def combinations(row: Sequence[str], strength: int) -> Iterable[Combination]:
-    """The T-way combinations one row of values holds."""
-    for picked in itertools.combinations(range(len(row)), strength):
-        yield tuple((i, row[i]) for i in picked)
-
-
 def choose(matrix: Matrix, spec: DesignSpec) -> Design:
     """The design `spec` asks for over `matrix`'s expanded cells."""
     groups = matrix.groups()
@@ -85,8 +77,7 @@ def choose(matrix: Matrix, spec: DesignSpec) -> Design:
 
 def covering(groups: Sequence[ServerGroup], axes: Sequence[str], strength: int, seed: int) -> tuple[ServerGroup, ...]:
     """A subset of `groups` holding every `strength`-way combination of `axes` that `groups` hold."""
-    covers = [frozenset(combo for cell in g.cells for combo in combinations(server_row(cell, axes), strength))
-              for g in groups]
+    covers = _encoded(groups, axes, strength)
     rng = random.Random(seed)
     ties = list(range(len(groups)))
     rng.shuffle(ties)
@@ -116,3 +107,25 @@ def covering(groups: Sequence[ServerGroup], axes: Sequence[str], strength: int, 
             kept.append(i)
     return tuple(groups[i] for i in sorted(kept))
 
+
+
+def _encoded(groups: Sequence[ServerGroup], axes: Sequence[str], strength: int) -> list[frozenset[int]]:
+    """Each group's combinations, one int each (the axes picked and a value number per axis): a
+    matrix of 10,000 servers on many axes holds millions, too many as tuples of strings."""
+    numbers: list[dict[str, int]] = [{} for _ in axes]
+    rows = [[tuple(numbers[a].setdefault(v, len(numbers[a])) for a, v in enumerate(server_row(cell, axes)))
+             for cell in g.cells] for g in groups]
+    base = max(len(n) for n in numbers)
+    subsets = list(itertools.combinations(range(len(axes)), strength))
+    span = base ** strength
+    out = []
+    for group_rows in rows:
+        codes = set()
+        for row in group_rows:
+            for k, picked in enumerate(subsets):
+                code = 0
+                for a in picked:
+                    code = code * base + row[a]
+                codes.add(k * span + code)
+        out.append(frozenset(codes))
+    return out
