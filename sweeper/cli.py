@@ -82,6 +82,9 @@ def matrix_cmd(
     gpus: Annotated[float | None, typer.Option(help="Logical GPU slots of the local cluster for simulator runs (default 4).")] = None,
     executor: ExecutorOpt = "ray",
     cache_dir: Annotated[Path | None, typer.Option(help="Per-commit environment cache (default: $SWEEP_CACHE or ~/.cache/sweep/envs).")] = None,
+    design: Annotated[str | None, typer.Option("--design", help="Which cells to run: full (the product) or covering[:T], "
+                                                               "every T-way combination of server settings (T default 3); "
+                                                               "default: the matrix's design key, else full.")] = None,
 ) -> None:
     """Expand a matrix, run every cell against a real server, store one Parquet row per request.
 
@@ -89,16 +92,23 @@ def matrix_cmd(
     """
     from sweeper import preview, report, sweep
     from sweeper.analysis import load_cells
+    from sweeper.errors import ConfigError
     from sweeper.executor import choose
+    from sweeper.matrix import DESIGN_EXPECTED, design_from_text
 
+    design_spec = design_from_text(design) if design is not None else None
+    if design is not None and design_spec is None:
+        raise ConfigError(f"{DESIGN_EXPECTED}, got {design!r}", key="--design")
     if dry_run:
-        plan = sweep.make_plan(file, runs_dir, resolve=False)
+        plan = sweep.make_plan(file, runs_dir, resolve=False, design_spec=design_spec)
         out.print(f"[bold]{plan.matrix.name}[/bold]: {plan.n_cells} cells on {len(plan.groups)} servers, "
                   f"{plan.requests_per_cell()} requests per cell (suite {plan.suite.name})")
         for i, (server, cells) in enumerate(preview.plan_text(plan), 1):
             out.print(f"server {i}: {server}", markup=False, highlight=False)
             for cell in cells:
                 out.print(f"    {cell}", markup=False, highlight=False)
+        for line in preview.design_text(plan):
+            out.print(line, markup=False, highlight=False)
         return
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err, transient=False)
@@ -114,7 +124,7 @@ def matrix_cmd(
     try:
         outcome = sweep.run_matrix(file, runs_dir=runs_dir, run_id=run_id, resume=resume,
                                    executor=choose(executor, address=address, gpus=gpus), cache_dir=cache_dir,
-                                   on_group=on_group, on_plan=on_plan)
+                                   on_group=on_group, on_plan=on_plan, design_spec=design_spec)
     except Interrupted as exc:
         raise exc.with_resume(resume_command("matrix", str(file), runs_dir=runs_dir, run_id=exc.run_id)) from None
     finally:

@@ -30,6 +30,9 @@ Serve flag values: `true` gives the bare flag, `false`/`null` leave it out, anyt
 passed as the flag's value (mappings as JSON). Env values are strings; `null` unsets.
 Request fields are merged into every request body of the suite; `null` removes a field.
 `max_response_mb` (default 16) caps each answer as it is read: a larger one fails its sample.
+`design` (`full`, `covering`, `covering:T` or `{kind, strength, seed}`) says which cells run
+(`sweeper.design`); `cost: {install_s, start_s, request_s}` states the GPU-time profile
+(`sweeper.cost`) over the install kind's defaults.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import pydantic
 
@@ -162,6 +165,43 @@ class Timeouts(_Strict):
     group_s: Seconds | None = None
 
 
+MAX_STRENGTH = 6             # a covering design's T: past 4 field data finds almost no new faults
+DESIGN_TEXT = re.compile(r"(full|covering)(?::([0-9]+))?")
+
+
+class DesignSpec(_Strict):
+    """Which cells of the product a run starts (`sweeper.design`): `full`, or `covering` of strength T
+    over the server-key axes, chosen reproducibly from `seed`."""
+
+    kind: Literal["full", "covering"] = "covering"
+    strength: Annotated[Count, pydantic.Field(ge=1, le=MAX_STRENGTH)] = 3
+    seed: Annotated[Count, pydantic.Field(ge=0)] = 0
+
+
+def design_from_text(text: str) -> DesignSpec | None:
+    """`full`, `covering` or `covering:T` (what `--design` and a `design:` string take); None if not one."""
+    found = DESIGN_TEXT.fullmatch(text.strip())
+    if not found or (found.group(1) == "full" and found.group(2) is not None):
+        return None
+    strength = int(found.group(2)) if found.group(2) is not None else 3
+    if not 1 <= strength <= MAX_STRENGTH:
+        return None
+    return DesignSpec(kind="covering", strength=strength) if found.group(1) == "covering" else DesignSpec(kind="full")
+
+
+DESIGN_EXPECTED = f"expected full, covering or covering:T (T from 1 to {MAX_STRENGTH})"
+CostSeconds = Annotated[Number, pydantic.Field(ge=0, le=MAX_SECONDS)]
+
+
+class CostKey(_Strict):
+    """The stated GPU-time profile of one matrix (`sweeper.cost`): seconds per environment install,
+    per server start (start to healthy) and per request (server time, at the matrix's concurrency)."""
+
+    install_s: CostSeconds | None = None
+    start_s: CostSeconds | None = None
+    request_s: CostSeconds | None = None
+
+
 class MatrixFile(_Strict):
     """The file as written; validated field by field with positions for errors."""
 
@@ -185,6 +225,16 @@ class MatrixFile(_Strict):
     axes: dict[str, list[Any]]
     exclude: list[dict[str, Any]] = []
     include: list[dict[str, Any]] = []
+    # `full` (default), `covering`, `covering:T`, or {kind, strength, seed}: see DesignSpec.
+    design: str | DesignSpec | None = None
+    cost: CostKey = CostKey()
+
+    @property
+    def design_spec(self) -> DesignSpec:
+        """The `design:` key as a DesignSpec (a string form was checked when the file was parsed)."""
+        if isinstance(self.design, DesignSpec):
+            return self.design
+        return (design_from_text(self.design) if self.design is not None else None) or DesignSpec(kind="full")
 
 
 @dataclass(frozen=True)
@@ -582,6 +632,8 @@ def _check_settings(spec: MatrixFile, pos: Positions) -> None:
     for name in spec.request:
         if problem := _field_problem(name):
             raise pos.error(("request", name), problem)
+    if isinstance(spec.design, str) and design_from_text(spec.design) is None:
+        raise pos.error(("design",), f"{DESIGN_EXPECTED}, got {clip(spec.design)}")
     repo = spec.install.repo
     histories: tuple[str, ...] = tuple(_kinds().Sim.HISTORIES)
     if repo is not None and repo.startswith("sim:") and repo[4:] not in ("", *histories):

@@ -1,10 +1,12 @@
-"""What `--dry-run` prints: each server a plan would start, with the cells that share it."""
+"""What `--dry-run` prints: each server a plan would start, with the cells that share it, and what
+the plan's design covers and costs next to the full product."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+from sweeper.cost import Estimate
 from sweeper.matrix import canonical
 from sweeper.sweep import Plan
 
@@ -35,3 +37,28 @@ def _is_axis(plan: Plan, name: str) -> bool:
 def _request_desc(request: Mapping[str, Any], plan: Plan) -> str:
     fields = [f"{k}={canonical(v)}" for k, v in request.items() if _is_axis(plan, f"request.{k}")]
     return f"  [{', '.join(fields)}]" if fields else ""
+
+
+def design_text(plan: Plan) -> list[str]:
+    """For --dry-run: the design's coverage, and its modelled GPU time next to the full product's."""
+    d, p = plan.design, plan.profile
+    full_groups = plan.matrix.groups()
+    if d.spec.kind == "full":
+        lines = [f"design: full product, {len(d.groups)} servers, {len(d.cells)} cells"]
+    else:
+        lines = [(f"design: {d.describe()}: {len(d.groups)} of {d.full_groups} servers, "
+                  f"{len(d.cells)} of {d.full_cells} cells")]
+    gpus = plan.matrix.spec.gpus_per_cell
+    lines.append(f"modelled GPU time ({p.source}: install {p.install_s:g} s, start {p.start_s:g} s, "
+                 f"request {p.request_s:g} s; {gpus:g} GPU{'' if gpus == 1 else 's'} per server):")
+    rows = [("this design", plan.estimate())]
+    if d.spec.kind != "full":
+        rows.append(("full product", plan.estimate(full_groups)))
+    width = max(len(name) for name, _ in rows)
+    lines += [f"  {name:<{width}}  {_estimate(e)}" for name, e in rows]
+    return lines
+
+
+def _estimate(e: Estimate) -> str:
+    return (f"{e.starts:,} starts, {e.installs:,} installs, {e.requests:,} requests: "
+            f"{e.gpu_hours:,.2f} GPU-hours")

@@ -5,7 +5,9 @@ and `from_json` here; every other module sees a `SweepManifest` or a `BisectMani
 
 - 1: the manifests written before these records (no `manifest_version` key);
 - 2: the same keys, with `manifest_version` and a sweep's `commit_order` (its refs in history
-  order, learnt from the repository when the run was planned; absent from version 1).
+  order, learnt from the repository when the run was planned; absent from version 1);
+- 3: a sweep's `design` (which cells of the product it runs) and `cost` (the GPU-time profile it
+  was planned with), both optional: a manifest without them ran the full product.
 
 Each cells file's footer keeps a copy of the manifest without the matrix, and without any value
 too large to keep (`sweeper.store`): read back with the same `from_json`, a value it lacks is
@@ -21,7 +23,7 @@ from typing import Any
 
 from sweeper.errors import RecordError, StoreError, clip
 
-VERSION = 2
+VERSION = 3
 # Keys every version has written beside the record's own fields.
 _FRAME = ("kind", "schema_version", "manifest_version")
 
@@ -54,6 +56,28 @@ class Repair:
 
 
 @dataclass(frozen=True)
+class DesignRecord:
+    """The design a sweep runs (`sweeper.design`): its kind, strength and seed, and the cells chosen."""
+
+    kind: str
+    strength: int
+    seed: int
+    servers: int
+    cells: int
+    digest: str  # names the chosen cells: a resume must choose the same
+
+
+@dataclass(frozen=True)
+class CostRecord:
+    """The cost profile (`sweeper.cost`) a sweep was planned with, in seconds."""
+
+    install_s: float
+    start_s: float
+    request_s: float
+    source: str
+
+
+@dataclass(frozen=True)
 class SweepManifest:
     """`sweep matrix`: the matrix as given, its suite, the refs resolved to shas."""
 
@@ -74,6 +98,8 @@ class SweepManifest:
     groups: int | None = None
     retried: tuple[Retry, ...] = ()
     repaired: Repair | None = None
+    design: DesignRecord | None = None  # None: the full product (every manifest before version 3)
+    cost: CostRecord | None = None
 
     kind = "matrix"
 
@@ -124,14 +150,14 @@ def to_json(manifest: Manifest) -> dict[str, Any]:
     out: dict[str, Any] = {"kind": manifest.kind, "manifest_version": VERSION}
     for name in _fields(type(manifest)):
         value = getattr(manifest, name)
-        if name in ("retried", "repaired") and not value:
-            continue  # written only once something was retried or repaired, as before
+        if name in ("retried", "repaired", "design", "cost") and not value:
+            continue  # written only once something was retried or repaired (or designed), as before
         out[name] = _plain(value)
     return out
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, (Host, Retry, Repair)):
+    if isinstance(value, (Host, Retry, Repair, DesignRecord, CostRecord)):
         # An optional part left out rather than null: a bisect's repair never had `checked_against`.
         return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)
                 if getattr(value, f.name) is not None or f.default is dataclasses.MISSING}
@@ -228,7 +254,19 @@ def _cells(name: str, value: Any) -> tuple[dict[str, Any], ...] | None:
     raise _wrong(name, value, "an array of objects")
 
 
-def _record(cls: type[Host | Retry | Repair]) -> Reader:
+def _seconds(name: str, value: Any) -> float | None:
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return None if value is None else float(value)
+    raise _wrong(name, value, "a number")
+
+
+Part = type[Host] | type[Retry] | type[Repair] | type[DesignRecord] | type[CostRecord]
+_PART_READERS: dict[str, Reader] = {"attempt": _count, "strength": _count, "seed": _count, "servers": _count,
+                                    "cells": _count, "install_s": _seconds, "start_s": _seconds,
+                                    "request_s": _seconds}
+
+
+def _record(cls: Part) -> Reader:
     def read(name: str, value: Any) -> Any:
         if value is None:
             return None
@@ -243,7 +281,8 @@ def _record(cls: type[Host | Retry | Repair]) -> Reader:
                 continue
             if got.get(f.name) is None and required:
                 raise RecordError(f"{name!r} has no {f.name!r}")
-            values[f.name] = (_count if f.name == "attempt" else _text)(f"{name}.{f.name}", got[f.name])
+            reader: Reader = _PART_READERS.get(f.name, _text)
+            values[f.name] = reader(f"{name}.{f.name}", got[f.name])
         return cls(**values)
     return read
 
@@ -266,7 +305,8 @@ _READERS: dict[tuple[str, str], Reader] = {
     **{(k, "bisect"): r for k, r in _COMMON.items()},
     **{(k, "matrix"): r for k, r in {
         "matrix_digest": _text, "suite_path": _texts, "suite": _text, "commits": _shas, "commit_order": _texts,
-        "cells": _count, "groups": _count, "retried": _retries}.items()},
+        "cells": _count, "groups": _count, "retried": _retries, "design": _record(DesignRecord),
+        "cost": _record(CostRecord)}.items()},
     **{(k, "bisect"): r for k, r in {
         "good": _text, "bad": _text, "good_sha": _text, "bad_sha": _text, "commits": _texts,
         "settings_keys": _texts, "cells": _cells}.items()},

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sweeper.errors import StoreError, SweepError, clip
-from sweeper.records import BisectManifest
+from sweeper.records import BisectManifest, SweepManifest
 from sweeper.store import RunDir, Scan, open_run
 
 
@@ -59,7 +59,7 @@ def repair(runs_dir: str | os.PathLike[str], run_id: str, matrix: Path | None = 
 
 
 def _rebuild(run: RunDir, runs_dir: str | os.PathLike[str], matrix: Path | None) -> str:
-    from sweeper.sweep import make_plan
+    from sweeper.sweep import make_plan, recorded_design
 
     recorded = run.recorded_manifests()
     where = run.manifest_file
@@ -79,8 +79,9 @@ def _rebuild(run: RunDir, runs_dir: str | os.PathLike[str], matrix: Path | None)
         from sweeper.repair import rebuild_bisect
 
         return rebuild_bisect(run, bisects[0], matrix)
+    sweeps = [r for r in recorded if isinstance(r, SweepManifest)]
     try:
-        plan = make_plan(matrix, os.fspath(runs_dir))
+        plan = make_plan(matrix, os.fspath(runs_dir), design_spec=recorded_design(sweeps[0]) if sweeps else None)
     except SweepError as exc:
         raise StoreError(f"cannot rebuild {where}: {exc}") from None
     return plan.rebuild_manifest(run)

@@ -12,13 +12,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sweeper import gitrepo
+from sweeper import cost, design, gitrepo
 from sweeper.errors import ConfigError, GitError, Interrupted, StoreError, SweepError
 from sweeper.executor import ExecutorFactory, choose
 from sweeper.install import kind_of
-from sweeper.matrix import Matrix, MatrixFile, ServerGroup, canonical, load_matrix, short_hash
+from sweeper.matrix import DesignSpec, Matrix, MatrixFile, ServerGroup, canonical, load_matrix, short_hash
 from sweeper.portable import RepoSource, portable_spec, repo_source
-from sweeper.records import SweepManifest, commit_axis
+from sweeper.records import CostRecord, DesignRecord, SweepManifest, commit_axis
 from sweeper.repair import rebuild_sweep
 from sweeper.repos import repo_for
 from sweeper.runner import GroupJob, GroupResult
@@ -32,8 +32,22 @@ class Plan:
     suite: Suite
     repo: Path | None
     shas: dict[str, str | None]
-    groups: tuple[ServerGroup, ...]
+    design: design.Design
     commit_order: tuple[str, ...] | None = None  # the commit axis oldest first, where the repository tells
+
+    @property
+    def groups(self) -> tuple[ServerGroup, ...]:
+        """The servers this plan starts: the design's (all of the matrix's for the full product)."""
+        return self.design.groups
+
+    @property
+    def profile(self) -> cost.Profile:
+        return cost.profile_for(self.matrix.spec, stated_profile(self.matrix.spec))
+
+    def estimate(self, groups: tuple[ServerGroup, ...] | None = None) -> cost.Estimate:
+        """Modelled GPU time of this plan's servers (or of `groups`, e.g. the full product's)."""
+        return cost.estimate(self.groups if groups is None else groups, self.matrix.spec, self.profile,
+                             self.requests_per_cell())
 
     @property
     def job_spec(self) -> MatrixFile:
@@ -45,7 +59,7 @@ class Plan:
 
     @property
     def n_cells(self) -> int:
-        return len(self.matrix.cells)
+        return len(self.design.cells)
 
     def requests_per_cell(self) -> int:
         return sum(c.repeat for c in self.suite.cases) * self.matrix.spec.repeats
@@ -56,11 +70,17 @@ class Plan:
             run_id=run_id, matrix_path=str(self.matrix.path), matrix=self.matrix.raw,
             matrix_digest=short_hash(self.matrix.raw, 16), suite_path=tuple(str(p) for p in self.matrix.suite_paths),
             suite=self.suite.name, suite_digest=self.suite.digest, commits=self.shas, commit_order=self.commit_order,
-            repo=str(self.repo) if self.repo else None, cells=len(self.matrix.cells), groups=len(self.groups))
+            repo=str(self.repo) if self.repo else None, cells=self.n_cells, groups=len(self.groups),
+            design=self.design_record(), cost=CostRecord(**self.profile.record()))
+
+    def design_record(self) -> DesignRecord:
+        d = self.design
+        return DesignRecord(kind=d.spec.kind, strength=d.strength, seed=d.spec.seed, servers=len(d.groups),
+                            cells=len(d.cells), digest=d.digest)
 
     def rebuild_manifest(self, run: RunDir) -> str:
         """`run`'s lost or damaged manifest made anew from this plan, once its results agree."""
-        return rebuild_sweep(run, self.manifest(run.run_id), {c.cell_id for c in self.matrix.cells})
+        return rebuild_sweep(run, self.manifest(run.run_id), {c.cell_id for c in self.design.cells})
 
 
 @dataclass
@@ -72,10 +92,19 @@ class RunOutcome:
     notes: list[str] = field(default_factory=list)  # what was repaired before running
 
 
-def make_plan(matrix_path: str | Path, runs_dir: str | Path, *, resolve: bool = True) -> Plan:
+def stated_profile(spec: MatrixFile) -> cost.Profile:
+    """The cost its install kind states for a matrix (before the matrix's own `cost:` key)."""
+    kind = kind_of(spec.install.kind)
+    return cost.stated(kind.name, kind.cost_s)
+
+
+def make_plan(matrix_path: str | Path, runs_dir: str | Path, *, resolve: bool = True,
+              design_spec: DesignSpec | None = None) -> Plan:
     """Everything checkable before a server starts. `resolve=False` (a dry run) leaves refs of a
-    remote repository unresolved rather than cloning it."""
+    remote repository unresolved rather than cloning it. `design_spec` overrides the matrix's
+    `design:` key (default: the full product)."""
     matrix = load_matrix(matrix_path)
+    chosen = design.choose(matrix, design_spec or matrix.spec.design_spec)
     suite = load_suites(matrix.suite_paths)
     install = matrix.spec.install
     remote = install.repo is not None and gitrepo.is_url(install.repo)
@@ -98,7 +127,29 @@ def make_plan(matrix_path: str | Path, runs_dir: str | Path, *, resolve: bool = 
             except GitError as exc:
                 raise ConfigError(str(exc), file=matrix.path, key="axes.commit") from None
     order = history_order(repo, commit_axis(matrix.raw, shas), shas)
-    return Plan(matrix, suite, repo, shas, matrix.groups(), order)
+    return Plan(matrix, suite, repo, shas, chosen, order)
+
+
+def _resumed_design(run_id: str, old: SweepManifest, asked: DesignSpec | None) -> DesignSpec:
+    """The design a run recorded (the full product before designs were recorded); `asked`, when
+    given, must be the same."""
+    spec = recorded_design(old)
+    if asked is not None and _design_name(asked) != _design_name(spec):
+        raise StoreError(f"run {run_id} ran the design {_design_name(spec)}, not {_design_name(asked)}; resume it "
+                         "without --design, or start a new run")
+    return spec
+
+
+def recorded_design(manifest: SweepManifest) -> DesignSpec:
+    """The design a manifest records (the full product before designs were recorded)."""
+    record = manifest.design
+    if record is None or record.kind == "full":
+        return DesignSpec(kind="full")
+    return DesignSpec(kind="covering", strength=record.strength, seed=record.seed)
+
+
+def _design_name(spec: DesignSpec) -> str:
+    return "full" if spec.kind == "full" else f"covering:{spec.strength} (seed {spec.seed})"
 
 
 def history_order(repo: Path | None, refs: Sequence[str], shas: Mapping[str, str | None]) -> tuple[str, ...] | None:
@@ -128,11 +179,19 @@ def jobs_for(plan: Plan, run: RunDir, cache_dir: Path | None) -> list[GroupJob]:
 def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | None = None, resume: str | None = None,
                executor: ExecutorFactory | None = None, cache_dir: Path | None = None,
                on_group: Callable[[GroupJob, GroupResult], None] | None = None,
-               on_plan: Callable[[Plan, int], None] | None = None) -> RunOutcome:
-    plan = make_plan(matrix_path, runs_dir)
+               on_plan: Callable[[Plan, int], None] | None = None,
+               design_spec: DesignSpec | None = None) -> RunOutcome:
+    """Run `matrix_path`'s design (`design_spec`, else the matrix's `design:` key, else the full
+    product). A resumed run keeps the design its manifest records."""
     notes: list[str] = []
     if resume:
         run = open_run(runs_dir, resume, create=False)
+        # The design the run recorded; a lost manifest's copies in the results' footers tell it too.
+        recorded = [run.read_manifest()] if not run.manifest_problem() else run.recorded_manifests()
+        sweeps = [m for m in recorded if isinstance(m, SweepManifest)]
+        if sweeps:
+            design_spec = _resumed_design(resume, sweeps[0], design_spec)
+        plan = make_plan(matrix_path, runs_dir, design_spec=design_spec)
         if run.manifest_problem():
             # Rebuilt from this matrix, once the results say they were made from it.
             notes.append(plan.rebuild_manifest(run))
@@ -143,6 +202,9 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | N
         if old.commits != plan.shas:
             raise StoreError(f"run {resume}: a commit ref now resolves elsewhere ({canonical(old.commits)}); "
                              "start a new run instead")
+        if old.design is not None and old.design.digest != plan.design.digest:
+            raise StoreError(f"run {resume}: its design now chooses other cells than it ran; start a new run "
+                             "instead")
         # A damaged group is not done: its files go aside (kept) and the group runs again.
         damage = run.scan(probes=False, manifest=False).damage
         if damage:
@@ -150,6 +212,7 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | N
             run.move_aside(damage)
         run.clean_temp()
     else:
+        plan = make_plan(matrix_path, runs_dir, design_spec=design_spec)
         run = open_run(runs_dir, run_id or new_run_id(plan.matrix.name), create=True)
         run.write_manifest(plan.manifest(run.run_id))
     done = run.done_groups()

@@ -226,6 +226,20 @@ BAD: list[Bad] = [
                       "p.jsonl": '{"messages": [{"role": "user", "content": "a"}], "temperature": NaN}\n'},
         where="p.jsonl", says="NaN is not valid JSON", line=1, command="suite"),
     Bad("empty-matrix", {"m.yaml": ""}, says="expected a mapping with model, suite and axes"),
+    # --- the design and cost keys
+    Bad("design-unknown", {"m.yaml": matrix("design: triples\n")},
+        says="design: expected full, covering or covering:T (T from 1 to 6), got 'triples'", line=4),
+    Bad("design-strength-0", {"m.yaml": matrix("design: covering:0\n")}, says="got 'covering:0'", line=4),
+    Bad("design-strength-7", {"m.yaml": matrix("design: covering:7\n")}, says="got 'covering:7'", line=4),
+    Bad("design-full-strength", {"m.yaml": matrix("design: full:2\n")}, says="got 'full:2'", line=4),
+    Bad("design-mapping-strength", {"m.yaml": matrix("design: {kind: covering, strength: 9}\n")},
+        says="design.strength: ", line=4),
+    Bad("design-mapping-seed", {"m.yaml": matrix("design: {kind: covering, seed: -1}\n")},
+        says="design.seed: ", line=4),
+    Bad("design-mapping-key", {"m.yaml": matrix("design: {kind: covering, t: 3}\n")}, says="unknown key", line=4),
+    Bad("cost-negative", {"m.yaml": matrix("cost: {start_s: -1}\n")}, says="cost.start_s: ", line=4),
+    Bad("cost-unknown", {"m.yaml": matrix("cost: {boot_s: 1}\n")},
+        says="unknown key; expected one of: install_s, start_s, request_s", line=4),
 ]
 
 
@@ -329,6 +343,8 @@ GOOD: list[tuple[str, dict[str, str], str]] = [
                                            "timeouts: {startup_s: 1, request_s: 0.5}\n",
                                            axes="axes:\n  spec_method: [mtp]\n  num_speculative_tokens: [128]\n")},
      "matrix"),
+    ("design-and-cost", {"m.yaml": matrix("design: covering:2\ncost: {start_s: 30, install_s: 0}\n")}, "matrix"),
+    ("design-mapping", {"m.yaml": matrix("design: {kind: covering, strength: 2, seed: 7}\n")}, "matrix"),
 ]
 
 

@@ -16,7 +16,18 @@ from conftest import SUITE, make_sim_repo, run_cli
 
 from sweeper import report
 from sweeper.errors import StoreError
-from sweeper.records import VERSION, BisectManifest, Host, Repair, Retry, SweepManifest, from_json, to_json
+from sweeper.records import (
+    VERSION,
+    BisectManifest,
+    CostRecord,
+    DesignRecord,
+    Host,
+    Repair,
+    Retry,
+    SweepManifest,
+    from_json,
+    to_json,
+)
 from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, DamagedManifest, RunDir, open_run, table
 
 DATA = Path(__file__).parent / "data" / "manifests"
@@ -108,6 +119,13 @@ DAMAGE = {
     "retry-without-group": ({"retried": [{"attempt": 1, "error": "x", "at": "t"}]}, "'retried' has no 'group_id'"),
     "host-a-list": ({"host": ["vm"]}, "'host' is a JSON array where an object belongs"),
     "version-a-string": ({"manifest_version": "2"}, "'manifest_version' is '2', expected a whole number from 1"),
+    "design-strength-a-string": ({"design": {"kind": "covering", "strength": "3", "seed": 0, "servers": 2,
+                                            "cells": 2, "digest": "d"}},
+                                 "'design.strength' is a JSON string where a whole number belongs"),
+    "design-without-digest": ({"design": {"kind": "covering", "strength": 3, "seed": 0, "servers": 2, "cells": 2}},
+                              "'design' has no 'digest'"),
+    "cost-a-string": ({"cost": {"install_s": "90", "start_s": 1, "request_s": 1, "source": "x"}},
+                      "'cost.install_s' is a JSON string where a number belongs"),
 }
 
 
@@ -174,3 +192,20 @@ def test_a_sweep_records_its_commits_in_history_order(tmp_path: Path) -> None:
     run.write_manifest(plan.manifest("r"))
     (tmp_path / "vllm").rename(tmp_path / "gone")  # the repository need not be there when reading
     assert report.commit_order(run, ["v0.29.0"]) == ["v0.27.0", "v0.28.0", "main", "v0.29.0"]
+
+
+def test_a_sweep_records_its_design_and_cost_profile(tmp_path: Path) -> None:
+    """Version 3 adds both, as objects; a manifest without them (every older one) ran the full
+    product and writes neither key."""
+    design = DesignRecord(kind="covering", strength=3, seed=7, servers=26, cells=26, digest="0123456789abcdef")
+    cost = CostRecord(install_s=90.0, start_s=240.0, request_s=2.0, source="wheels defaults")
+    m = SweepManifest(run_id="r", design=design, cost=cost)
+    data = to_json(m)
+    assert data["design"] == {"kind": "covering", "strength": 3, "seed": 7, "servers": 26, "cells": 26,
+                              "digest": "0123456789abcdef"}
+    assert data["cost"] == {"install_s": 90.0, "start_s": 240.0, "request_s": 2.0, "source": "wheels defaults"}
+    assert from_json(json.loads(json.dumps(data))) == m
+    assert from_json({**data, "cost": {**data["cost"], "start_s": 240}}).cost == cost  # a whole number reads
+    old = from_json(v1("sweep"))
+    assert old.design is None and old.cost is None  # type: ignore[union-attr]
+    assert "design" not in to_json(old) and "cost" not in to_json(old)

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 class Preinstalled(InstallKind):
     name = "preinstalled"
+    cost_s = (0.0, 240.0, 2.0)  # nothing to install
     default_commit = "installed"
 
     def commits_problem(self, commits: Sequence[str]) -> str | None:

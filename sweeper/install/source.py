@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 class Source(InstallKind):
     name = "source"
+    cost_s = (600.0, 240.0, 2.0)  # a build with precompiled kernels
     ships_repo = True
 
     def repo_problem(self, install: Install) -> str | None:
