@@ -25,8 +25,8 @@ suite_app = typer.Typer(no_args_is_help=True, help="Inspect replay suites.\n\nEx
 cache_app = typer.Typer(no_args_is_help=True, help="Per-commit vLLM environments cached on this node.\n\n"
                                                     "Example: sweep cache list")
 model_app = typer.Typer(no_args_is_help=True, help="Build models for local tests.\n\nExample: sweep model tiny /tmp/tiny")
-runs_app = typer.Typer(no_args_is_help=True, help="Check stored runs for damage; rebuild a lost manifest.\n\n"
-                                                   "Example: sweep runs check")
+runs_app = typer.Typer(no_args_is_help=True, help="List stored runs, check them for damage, rebuild a lost "
+                                                   "manifest.\n\nExample: sweep runs list")
 app.add_typer(suite_app, name="suite")
 app.add_typer(runs_app, name="runs")
 app.add_typer(cache_app, name="cache")
@@ -37,8 +37,9 @@ out = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, soft_wrap=True)
 
 # A string, not a Path: a filesystem URI (s3://bucket/prefix) must keep its double slash.
-RunsDir = Annotated[str, typer.Option("--runs-dir", help="Folder holding the runs, or a pyarrow filesystem URI "
-                                                          "(s3://bucket/prefix, gs://…, file://…).")]
+RunsDir = Annotated[str, typer.Option("--runs-dir", envvar="SWEEP_RUNS_DIR",
+                                      help="Folder holding the runs, or a pyarrow filesystem URI "
+                                           "(s3://bucket/prefix, gs://…, file://…); default: $SWEEP_RUNS_DIR, else runs.")]
 
 
 ExecutorOpt = Annotated[str, typer.Option("--executor", help="Where servers run: ray (a cluster, or a local one) "
@@ -194,6 +195,54 @@ def report_cmd(
         from sweeper import html_report
 
         out.print(f"html: {html_report.write(run, html)}")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from sweeper import __version__
+
+        sys.stdout.write(f"sweep {__version__}\n")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Print the sweeper's version and exit.")] = False) -> None:
+    """Find which vLLM serving configurations break, and which vLLM commit broke them."""
+
+
+@runs_app.command("list")
+def runs_list(
+    runs_dir: RunsDir = "runs",
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON array of the runs (schema: runs/README.md).")] = False,
+) -> None:
+    """List the stored runs, oldest first: kind, created, matrix, cells, failing cells, status.
+
+    Example: sweep runs list --json
+    """
+    import json
+
+    from rich.table import Table
+
+    from sweeper import runs
+
+    found = runs.listing(runs_dir)
+    if as_json:
+        sys.stdout.write(json.dumps([r.as_json() for r in found], indent=2) + "\n")
+        return
+    if not found:
+        out.print(f"no runs under {runs_dir}", markup=False, highlight=False)
+        return
+    table = Table(show_lines=False)
+    for name in ("run", "kind", "created (UTC)", "matrix"):
+        table.add_column(name, overflow="fold")
+    table.add_column("cells", justify="right")
+    table.add_column("failing", justify="right")
+    table.add_column("status")
+    for r in found:
+        created = r.created[:19].replace("T", " ") if r.created else "·"
+        table.add_row(r.run_id, r.kind or "·", created, r.matrix or "·", str(r.cells), str(r.failing), r.status)
+    out.print(table)
 
 
 @runs_app.command("check")

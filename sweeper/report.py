@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+from rich import box
+from rich.markup import escape
 from rich.table import Table
 
 from sweeper.envinfo import EnvInfo
-from sweeper.errors import SweepError
+from sweeper.errors import SweepError, one_line
 from sweeper.matrix import resolve_path
 from sweeper.records import BisectManifest, SweepManifest
 from sweeper.stats import wilson
@@ -28,12 +30,24 @@ CORE_COLUMNS = ("commit", "spec_method", "num_speculative_tokens", "async_schedu
 
 def varying_axes(cells: pd.DataFrame) -> list[str]:
     """Axis columns whose value differs between cells (constant ones add nothing to a table)."""
-    names = list(dict.fromkeys([*CORE_COLUMNS, *(k for m in cells.get("axes", []) for k, _ in (m or []))]))
+    return [name for name in _axis_names(cells) if cells[name].astype(str).nunique(dropna=False) > 1]
+
+
+def fixed_axes(cells: pd.DataFrame) -> list[tuple[str, str]]:
+    """(axis, value) of the axes that hold one value in every cell that has it (an axis that does
+    not apply to some cells, such as `num_speculative_tokens` without a spec method, included): said
+    once above a table instead of taking a column."""
     out = []
-    for name in names:
-        if name in cells.columns and cells[name].astype(str).nunique(dropna=False) > 1:
-            out.append(name)
+    for name in _axis_names(cells):
+        values = cells[name].dropna()
+        if len(values) and values.astype(str).nunique() == 1:
+            out.append((name, _fmt(values.iloc[0])))
     return out
+
+
+def _axis_names(cells: pd.DataFrame) -> list[str]:
+    names = dict.fromkeys([*CORE_COLUMNS, *(k for m in cells.get("axes", []) for k, _ in (m or []))])
+    return [n for n in names if n in cells.columns]
 
 
 def fmt_rate(k: int, n: int) -> str:
@@ -46,6 +60,8 @@ def fmt_rate(k: int, n: int) -> str:
 def _fmt(value: Any) -> str:
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return "·"
+    if isinstance(value, np.generic):
+        value = value.item()
     if isinstance(value, float) and value.is_integer():
         return str(int(value))  # an int axis made float by a missing value in another row
     return str(value)
@@ -61,8 +77,24 @@ _STATUS_STYLE = {Status.OK: "", Status.INSTALL_FAILED: "magenta", Status.SERVER_
 TABLE_ROWS = 200
 
 # The cell columns `cells_table` shows (a report that prints only the table reads only these).
-TABLE_COLUMNS = ("run_id", "cell_id", *CORE_COLUMNS, "axes", "status", "n_samples", "n_failed", "failed_checks",
-                 "effective_differs")
+TABLE_COLUMNS = ("run_id", "cell_id", *CORE_COLUMNS, "axes", "status", "status_detail", "n_samples", "n_failed",
+                 "failed_checks", "effective_differs")
+
+# Headers a terminal has room for: the core axes by a short name, generic ones without their prefix.
+_SHORT = {"spec_method": "spec", "num_speculative_tokens": "k", "async_scheduling": "async",
+          "attention_backend": "attn"}
+
+
+def short_header(axis: str) -> str:
+    """An axis as a table header: `spec_method` -> `spec`, `env.VLLM_USE_V2_MODEL_RUNNER` ->
+    `V2_MODEL_RUNNER`, `request.temperature` -> `temperature`, `serve.--max-num-seqs` ->
+    `max-num-seqs`."""
+    if axis in _SHORT:
+        return _SHORT[axis]
+    for prefix in ("env.VLLM_USE_", "env.VLLM_", "env.", "request.", "serve.--", "serve."):
+        if axis.startswith(prefix):
+            return axis[len(prefix):]
+    return axis
 
 
 def worst_cells(cells: pd.DataFrame, limit: int) -> pd.DataFrame:
@@ -80,40 +112,124 @@ def worst_cells(cells: pd.DataFrame, limit: int) -> pd.DataFrame:
     return cells.loc[cells.index.isin(keep)]
 
 
+def is_failing(row: Mapping[str, Any]) -> bool:
+    """A cell that did not run `ok`, or had a failed sample."""
+    return row.get("status") != Status.OK or bool(row.get("n_failed") or 0)
+
+
+def _natural(text: str) -> tuple[int, float, str]:
+    """A value not in the matrix's order: numbers by size, before words by name."""
+    try:
+        return 0, float(text), text
+    except ValueError:
+        return 1, 0.0, text
+
+
+def in_order(cells: pd.DataFrame, orders: Mapping[str, Sequence[str]] | None = None,
+             axes: Sequence[str] | None = None) -> pd.DataFrame:
+    """The cells failing first, then by each axis (`axes`, default the varying ones, in column order:
+    the commit first) with its values in `orders[axis]` (commits in history order, other axes in the
+    matrix's order; a value not listed comes after, numbers by size): the one order of every command,
+    the PNG heatmap and the HTML."""
+    if cells.empty:
+        return cells
+    orders = orders or {}
+    axes = list(varying_axes(cells) if axes is None else axes)
+    ranks = {a: {v: i for i, v in enumerate(orders.get(a, ()))} for a in axes}
+
+    def key(row: Mapping[str, Any]) -> tuple[Any, ...]:
+        parts: list[Any] = [0 if is_failing(row) else 1]
+        for a in axes:
+            text = _fmt(row.get(a))
+            rank = ranks[a]
+            parts.append((rank[text], (0, 0.0, "")) if text in rank else (len(rank), _natural(text)))
+        return tuple(parts)
+
+    records = cells.to_dict("records")
+    index = sorted(range(len(records)), key=lambda i: key(records[i]))
+    return cells.iloc[index]
+
+
+def run_orders(run: RunDir, cells: pd.DataFrame | None = None) -> dict[str, list[str]]:
+    """Each axis's values in the order a run's matrix lists them (as tables show them), and its
+    commits in history order (`commit_order`)."""
+    present = cells["commit"].astype(str) if cells is not None and "commit" in cells.columns else ()
+    out: dict[str, list[str]] = {}
+    manifest = run.manifest_or_none()
+    axes = manifest.matrix.get("axes") if manifest is not None else None
+    if isinstance(axes, Mapping):
+        for name, values in axes.items():
+            if isinstance(values, list):
+                out[str(name)] = list(dict.fromkeys(_fmt(v) for v in values))
+    out["commit"] = commit_order(run, present)
+    return out
+
+
+def mode_label(row: Mapping[str, Any]) -> str:
+    """One short failure-mode label for a table row: the check failed most often, and how many other
+    checks failed besides (`--explain` names the modes in full)."""
+    raw = row.get("failed_checks")
+    pairs = list(raw.items()) if isinstance(raw, Mapping) else list(raw) if raw is not None else []
+    if not pairs:
+        return ""
+    top = sorted(pairs, key=lambda kv: (-kv[1], kv[0]))
+    return top[0][0] + (f" +{len(top) - 1}" if len(top) > 1 else "")
+
+
 def cells_table(cells: pd.DataFrame, *, title: str = "", commit_order: Sequence[str] = (),
-                limit: int | None = TABLE_ROWS) -> Table:
-    """One row per cell: the axes that vary, status, failures with a Wilson 95% interval; commits in
-    history order (`commit_order`, oldest first; others after them). Above `limit` cells (None: no
-    limit), only the worst `limit` (`worst_cells`), and a caption says so."""
-    axes = varying_axes(cells)
+                limit: int | None = TABLE_ROWS, orders: Mapping[str, Sequence[str]] | None = None) -> Table:
+    """One row per cell: the axes that vary (short headers; the fixed ones said once above), status,
+    failures with a Wilson 95% interval, a short failure-mode label, and a note (`status_detail` for a
+    cell that is not `ok`, else what ran other than requested). Order: `in_order` (commits in
+    `commit_order` or `orders["commit"]`). Above `limit` cells (None: no limit), only the worst
+    `limit` (`worst_cells`), and a caption says so."""
+    orders = {**(orders or {}), **({"commit": list(commit_order)} if commit_order else {})}
+    fixed = fixed_axes(cells)
+    axes = [a for a in varying_axes(cells) if a not in dict(fixed)]
     shown = worst_cells(cells, limit) if limit is not None else cells
     caption = None
     if len(shown) < len(cells):
         caption = (f"the {len(shown):,} of {len(cells):,} cells that fail most (not ok first, then by the low end of "
                    "the interval); `sweep report --all` shows every cell")
-    table = Table(title=title or None, caption=caption, show_lines=False)
+    heading = [t for t in (title, "fixed: " + ", ".join(f"{short_header(a)}={v}" for a, v in fixed) if fixed else "")
+               if t]
+    # No outer border, and columns as wide as their values (a long header folds): the free-text
+    # columns, mode and note, take what width is left, so that a row stays one line in 100 columns.
+    table = Table(title="\n".join(heading) or None, caption=caption, show_lines=False, box=box.MINIMAL_HEAVY_HEAD,
+                  pad_edge=False, collapse_padding=True)
     for name in axes:
-        table.add_column(name.removeprefix("env.").removeprefix("request."), overflow="fold")
-    table.add_column("status")
-    table.add_column("failed/n", justify="right")
-    table.add_column("failure rate [95% CI]", justify="right")
-    table.add_column("failing checks", overflow="fold")
-    table.add_column("requested ≠ effective", overflow="fold")
-    order = [c for c in axes if c in shown.columns]
-    rows = shown.sort_values(order, key=lambda s: _sort_key(s, commit_order)) if order else shown
-    for row in rows.to_dict("records"):
+        widest = max((len(_fmt(v)) for v in shown[name]), default=1)
+        header = short_header(name)
+        table.add_column(header, overflow="fold", width=min(24, max(widest, min(len(header), 6))))
+    table.add_column("status", overflow="fold", width=max(6, *(len(str(v)) for v in shown["status"])))
+    table.add_column("failed/n", justify="right", no_wrap=True)
+    table.add_column("rate [95% CI]", justify="right", no_wrap=True)
+    rows = in_order(shown, orders, axes).to_dict("records")
+    notes = [_note(row) for row in rows]
+    labels = [mode_label(row) for row in rows]
+    table.add_column("mode", overflow="fold", min_width=min(20, max(4, *map(len, labels))))
+    if any(notes):
+        table.add_column("note", overflow="fold", ratio=1, min_width=12)
+    for row, note, label in zip(rows, notes, labels, strict=True):
         status = row["status"]
         style = _STATUS_STYLE.get(status, "")
         n, k = int(row["n_samples"] or 0), int(row["n_failed"] or 0)
         rate = fmt_rate(k, n)
         if k and status == Status.OK:
             rate = f"[red]{rate}[/red]"
-        top = sorted(row["failed_checks"] or [], key=lambda kv: -kv[1])
-        checks = ", ".join(f"{name}×{count}" for name, count in top)
-        differs = ", ".join(row["effective_differs"] if row["effective_differs"] is not None else [])
-        table.add_row(*[_fmt(row.get(a)) for a in axes], f"[{style}]{status}[/{style}]" if style else status,
-                      f"{k}/{n}", rate, checks, f"[yellow]{differs}[/yellow]" if differs else "")
+        cols = [*[escape(_fmt(row.get(a))) for a in axes], f"[{style}]{status}[/{style}]" if style else status,
+                f"{k}/{n}", rate, escape(label)]
+        table.add_row(*cols, *([note] if any(notes) else []))
     return table
+
+
+def _note(row: Mapping[str, Any]) -> str:
+    """Why a cell is not `ok` (its `status_detail`), else the settings that ran other than requested
+    ("ran other model_runner": the effective configuration differs there; markup)."""
+    if row.get("status") != Status.OK:
+        return escape(one_line(str(row.get("status_detail") or row.get("status"))))
+    differs = ", ".join(row["effective_differs"] if row.get("effective_differs") is not None else [])
+    return f"[yellow]ran other {escape(differs)}[/yellow]" if differs else ""
 
 
 def environments_table(envs: Iterable[EnvInfo], *, now: float | None = None) -> Table:
