@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -32,8 +33,9 @@ app.add_typer(runs_app, name="runs")
 app.add_typer(cache_app, name="cache")
 app.add_typer(model_app, name="model")
 
-# Piped output (CI logs, files) gets a wide table instead of rich's 80-column default.
-out = Console(width=None if sys.stdout.isatty() else 200)
+# Piped output (CI logs, files) gets a wide table instead of rich's 80-column default, unless COLUMNS
+# says how wide (rich reads it, on a terminal too).
+out = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit() else 200)
 err = Console(stderr=True, soft_wrap=True)
 
 # A string, not a Path: a filesystem URI (s3://bucket/prefix) must keep its double slash.
@@ -122,7 +124,7 @@ def matrix_cmd(
     for line in outcome.notes:
         note(line)
     cells = load_cells(outcome.run)
-    out.print(report.cells_table(cells, title=f"run {outcome.run.run_id}"))
+    out.print(report.cells_table(cells, title=f"run {outcome.run.run_id}", orders=report.run_orders(outcome.run, cells)))
     if outcome.skipped:
         out.print(f"{len(outcome.skipped)} server groups already had results and were not run again.")
     out.print(f"results: {outcome.run.uri}")
@@ -141,17 +143,19 @@ def report_cmd(
     mode: Annotated[str | None, typer.Option("--mode", help="With --issue: the failure mode (its number in --explain, or part of its name).")] = None,
     against: Annotated[str | None, typer.Option("--against", help="Compare with this run: failure-rate change per cell with its interval.")] = None,
     all_cells: Annotated[bool, typer.Option("--all", help="Show every cell in the table (default: the 200 that fail most, when there are more).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the run's cells as JSON instead of the table (schema: runs/README.md).")] = False,
 ) -> None:
-    """Failure rates per cell with 95% intervals; optionally a heatmap, the explanation, an HTML report,
-    a vLLM bug report, or a comparison with another run.
+    """Failure rates per cell with 95% intervals (a bisect run: its verdict); or, instead, a heatmap,
+    the explanation, an HTML report, a vLLM bug report, a comparison with another run, or JSON.
 
     Example: sweep report --explain --html runs/demo.html
     """
     from sweeper import analysis, report
+    from sweeper.records import BisectManifest
     from sweeper.store import open_run
 
     run = open_run(runs_dir, run_id, create=False) if run_id else analysis.latest_run(runs_dir)
-    run.manifest_or_none()  # results of another schema version: one line, stop
+    manifest = run.manifest_or_none()  # results of another schema version: one line, stop
     warn_damage(run)
     if issue:
         from sweeper.bugreport import issue_markdown
@@ -161,10 +165,30 @@ def report_cmd(
         return
     if mode is not None:
         raise SweepError("--mode goes with --issue")
+    own = explain or heatmap or html or against or as_json  # each prints its own output, not the table
+    if isinstance(manifest, BisectManifest) and not own:
+        from sweeper.bisect.report import render
+
+        # The verdict as the bisect left it: nothing is started, nothing probed again.
+        summary = run.read_json("bisect.json")
+        if not isinstance(summary, dict):
+            raise SweepError(f"bisect run {run.run_id} has no verdict yet (no readable bisect.json); "
+                             f"`sweep bisect --good {manifest.good} --bad {manifest.bad} --resume {run.run_id}` "
+                             "continues it")
+        out.print(render(summary), markup=False, highlight=False)
+        if not summary.get("final"):
+            note(f"bisect run {run.run_id} is unfinished: this is its state after round {summary.get('rounds')}")
+        return
     # The table alone needs a few of the cells' columns; the explanation and a comparison need them all.
-    cells_table = analysis.load_table(run, "cells", None if explain or against else report.TABLE_COLUMNS)
+    cells_table = analysis.load_table(run, "cells", None if explain or against or as_json else report.TABLE_COLUMNS)
     cells = analysis.frame(cells_table)
-    order = report.commit_order(run, cells["commit"].astype(str) if "commit" in cells.columns else ())
+    orders = report.run_orders(run, cells)
+    order = orders["commit"]
+    if as_json:
+        import json
+
+        sys.stdout.write(json.dumps(report.report_json(run, cells_table, orders), indent=2, allow_nan=False,
+                                    default=str) + "\n")
     if against:
         from sweeper import compare
 
@@ -172,24 +196,25 @@ def report_cmd(
         warn_damage(other)
         result = compare.compare(analysis.load_samples(run), cells, analysis.load_samples(other),
                                  analysis.load_cells(other), suite_a=report.run_suite(run),
-                                 suite_b=report.run_suite(other), run_a=run.run_id, run_b=other.run_id)
+                                 suite_b=report.run_suite(other), run_a=run.run_id, run_b=other.run_id,
+                                 fixed_a=compare.fixed_settings(manifest), fixed_b=compare.fixed_settings(other.manifest_or_none()))
         for line in compare.render(result):
             out.print(line, markup=False, highlight=False)
         out.print(compare.table(result))
-    else:
-        out.print(report.cells_table(cells, title=f"run {run.run_id}", commit_order=order,
+    if not own:
+        out.print(report.cells_table(cells, title=f"run {run.run_id}", orders=orders,
                                      limit=None if all_cells else report.TABLE_ROWS))
     if explain:
-        from sweeper.explain import render
+        from sweeper.explain import render as render_explanation
 
-        out.print(render(report.explain_run(run, cells=cells)), markup=False, highlight=False)
+        out.print(render_explanation(report.explain_run(run, cells=cells)), markup=False, highlight=False)
     if heatmap:
         row_axes = [a for a in (rows or "commit").split(",") if a]
         col_axes = [a for a in (cols or "spec_method").split(",") if a]
         # Counts per cell of the heatmap, aggregated in DuckDB: memory does not grow with the samples.
         counts = analysis.failure_counts(run, [*row_axes, *col_axes], cells=cells_table)
         path = report.heatmap(counts, row_axes, col_axes, heatmap,
-                              title=run.run_id, commit_order=order)
+                              title=run.run_id, commit_order=order, orders=orders)
         out.print(f"heatmap: {path}")
     if html:
         from sweeper import html_report

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -9,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 from rich import box
 from rich.markup import escape
 from rich.table import Table
@@ -173,7 +177,7 @@ def mode_label(row: Mapping[str, Any]) -> str:
     if not pairs:
         return ""
     top = sorted(pairs, key=lambda kv: (-kv[1], kv[0]))
-    return top[0][0] + (f" +{len(top) - 1}" if len(top) > 1 else "")
+    return str(top[0][0]) + (f" +{len(top) - 1}" if len(top) > 1 else "")
 
 
 def cells_table(cells: pd.DataFrame, *, title: str = "", commit_order: Sequence[str] = (),
@@ -271,36 +275,44 @@ def _sort_key(values: pd.Series, commit_order: Sequence[str]) -> pd.Series:
     return values.astype(str).map(lambda c: f"{rank.get(c, len(rank)):08d} {c}")
 
 
-def _in_history_order(pivot: pd.DataFrame, commit_order: Sequence[str]) -> pd.DataFrame:
-    """A pivot with its commits (rows or columns) in history order rather than by name."""
-    rank = {c: i for i, c in enumerate(commit_order)}
+def _in_history_order(pivot: pd.DataFrame, commit_order: Sequence[str],
+                      orders: Mapping[str, Sequence[str]] | None = None) -> pd.DataFrame:
+    """A pivot with its rows and columns in the one order (`in_order`'s, failing aside): commits in
+    history order, other axes in the matrix's order (`orders`), values not listed after them."""
+    orders = {**(orders or {}), **({"commit": list(commit_order)} if commit_order else {})}
+    ranks = {a: {v: i for i, v in enumerate(vs)} for a, vs in orders.items()}
+
+    def rank_of(axis: str, value: Any) -> tuple[Any, ...]:
+        rank = ranks.get(axis, {})
+        text = str(value)
+        if text not in rank:
+            with contextlib.suppress(ValueError):
+                text = _fmt(float(text))  # "0.0" from a float column is the matrix's 0
+        return (rank[text], (0, 0.0, "")) if text in rank else (len(rank), _natural(str(value)))
 
     def ordered(index: pd.Index) -> pd.Index:
-        names = list(index.names)
-        if "commit" not in names:
-            return index
-        level = names.index("commit")
+        names = [str(n) for n in index.names]
 
-        def key(i: int) -> tuple[int, str]:
+        def key(i: int) -> tuple[Any, ...]:
             value = index[i]
-            commit = value[level] if isinstance(value, tuple) else value
-            return rank.get(commit, len(rank)), str(value)
+            parts = value if isinstance(value, tuple) else (value,)
+            return tuple(rank_of(n, v) for n, v in zip(names, parts, strict=False))
         return index[sorted(range(len(index)), key=key)]
 
-    if not rank:
+    if not ranks:
         return pivot
     return pivot.reindex(index=ordered(pivot.index), columns=ordered(pivot.columns))
 
 
 def failure_pivot(samples: pd.DataFrame, rows: Sequence[str], cols: Sequence[str], *,
-                  commit_order: Sequence[str] = ()) -> pd.DataFrame:
+                  commit_order: Sequence[str] = (), orders: Mapping[str, Sequence[str]] | None = None) -> pd.DataFrame:
     """Failure rate per (rows × cols) combination of axis values (commits in `commit_order`).
     `samples`: sample rows, or counts per combination (`analysis.failure_counts`: `n`, `n_failed`)."""
-    return _pivots(samples, rows, cols, commit_order)[0]
+    return _pivots(samples, rows, cols, commit_order, orders)[0]
 
 
-def _pivots(samples: pd.DataFrame, rows: Sequence[str], cols: Sequence[str],
-            commit_order: Sequence[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _pivots(samples: pd.DataFrame, rows: Sequence[str], cols: Sequence[str], commit_order: Sequence[str],
+            orders: Mapping[str, Sequence[str]] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(failure rate, samples) per (rows × cols) combination."""
     for name in [*rows, *cols]:
         if name not in samples.columns:
@@ -315,20 +327,21 @@ def _pivots(samples: pd.DataFrame, rows: Sequence[str], cols: Sequence[str],
     n, failed = sums["n"], sums["n_failed"]
     if isinstance(n, pd.Series):  # no column axes: one column, as pivot_table gives for one value
         n, failed = n.to_frame("failed"), failed.to_frame("failed")
-    pivot = _in_history_order(failed / n.where(n > 0), commit_order)
+    pivot = _in_history_order(failed / n.where(n > 0), commit_order, orders)
     return pivot, n.reindex(index=pivot.index, columns=pivot.columns)
 
 
 def heatmap(samples: pd.DataFrame, rows: Sequence[str], cols: Sequence[str], path: Path, *, title: str = "",
-            commit_order: Sequence[str] = ()) -> Path:
+            commit_order: Sequence[str] = (), orders: Mapping[str, Sequence[str]] | None = None) -> Path:
     """Write a failure-rate heatmap (PNG or SVG by suffix); commits in history order, labels whole.
     `samples`: sample rows, or counts per combination from `analysis.failure_counts` (any size of run)."""
     # A figure on the Agg canvas, without pyplot: no global backend switched, no figure manager, and
     # less to import.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import PercentFormatter
 
-    pivot, counts = _pivots(samples, rows, cols, commit_order)
+    pivot, counts = _pivots(samples, rows, cols, commit_order, orders)
     # Room for the longest labels: a sha or a long flag value is shown whole, never cut.
     row_chars = max((len(_label(i)) for i in pivot.index), default=4)
     col_chars = max((len(_label(c)) for c in pivot.columns), default=4)
@@ -337,21 +350,36 @@ def heatmap(samples: pd.DataFrame, rows: Sequence[str], cols: Sequence[str], pat
     FigureCanvasAgg(fig)
     ax = fig.subplots()
     rates = pivot.to_numpy(dtype=float)
-    im = ax.imshow(rates, cmap="Reds", vmin=0, vmax=1, aspect="auto")
+    top = colour_top(rates)
+    im = ax.imshow(rates, cmap="Reds", vmin=0, vmax=top, aspect="auto")
     ax.set_xticks(range(pivot.shape[1]), [_label(c) for c in pivot.columns], rotation=30, ha="right")
     ax.set_yticks(range(pivot.shape[0]), [_label(i) for i in pivot.index])
-    cells = [(i, j, f"{100 * rates[i, j]:.0f}%\nn={counts.iat[i, j]}", rates[i, j] > 0.5)
+    cells = [(i, j, f"{100 * rates[i, j]:.0f}%\nn={counts.iat[i, j]}", rates[i, j] > 0.5 * top)
              for i in range(pivot.shape[0]) for j in range(pivot.shape[1]) if not np.isnan(rates[i, j])]
     if cells:
         ax.add_collection(_annotations(fig, ax, cells), autolim=False)
     ax.set_xlabel(" / ".join(cols))
     ax.set_ylabel(" / ".join(rows))
     ax.set_title(title or "failure rate")
-    fig.colorbar(im, ax=ax, fraction=0.04)
+    bar = fig.colorbar(im, ax=ax, fraction=0.04)
+    bar.set_label("failure rate")
+    bar.ax.yaxis.set_major_formatter(PercentFormatter(xmax=1, decimals=0 if top >= 0.05 else 1))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)  # the figure is sized and laid out for its labels: no second, cropping draw
     return path
+
+
+# The top of a heatmap's colour scale: the smallest of these at or above the highest rate shown, so
+# that 18 % is a strong colour on a 0–20 % scale rather than a faint one on 0–100 %.
+_TOPS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0)
+
+
+def colour_top(rates: np.ndarray) -> float:
+    """The top of the colour scale for these failure rates (NaN: no samples)."""
+    finite = rates[~np.isnan(rates)] if rates.size else rates
+    high = float(finite.max()) if finite.size else 0.0
+    return next((t for t in _TOPS if high <= t), 1.0) if high > 0 else 1.0
 
 
 def _annotations(fig: Any, ax: Any, cells: Sequence[tuple[int, int, str, bool]]) -> Any:
@@ -439,3 +467,44 @@ def explain_run(run: RunDir, samples: pd.DataFrame | None = None, cells: pd.Data
     cells = analysis.load_cells(run) if cells is None else cells
     order = commit_order(run, samples["commit"].astype(str) if "commit" in samples.columns else ())
     return explain(samples, cells, suite=run_suite(run), commit_order=order, **options)
+
+
+# ---- machine-readable output ---------------------------------------------------------------------
+
+REPORT_SCHEMA = "sweep-report/1"
+
+
+def report_json(run: RunDir, tbl: pa.Table, orders: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
+    """`sweep report --json`: the run and its cells, one object per row of the cells Parquet with the
+    same columns and values (maps as objects, `axes` as {axis: value} decoded from its JSON, times
+    as ISO 8601 text, NaN as null), in the table's order (`in_order`). Schema: runs/README.md."""
+    manifest = run.manifest_or_none()
+    frame = _as_frame(tbl)
+    order = [int(i) for i in in_order(frame, orders).index] if len(frame) else []
+    rows = tbl.to_pylist()
+    created = run.created()
+    return {"schema": REPORT_SCHEMA, "run_id": run.run_id, "kind": manifest.kind if manifest else None,
+            "created": created.isoformat(timespec="seconds") if created else None,
+            "fixed": dict(fixed_axes(frame)) if len(frame) else {},
+            "cells": [_plain_row(rows[i], tbl.schema) for i in order]}
+
+
+def _as_frame(tbl: pa.Table) -> pd.DataFrame:
+    from sweeper import analysis
+
+    return analysis.frame(tbl).reset_index(drop=True)
+
+
+def _plain_row(row: Mapping[str, Any], schema: pa.Schema) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in row.items():
+        kind = schema.field(name).type
+        if pa.types.is_map(kind) and value is not None:
+            pairs = dict(value)
+            value = {k: json.loads(v) for k, v in pairs.items()} if name == "axes" else pairs
+        elif isinstance(value, float) and math.isnan(value):
+            value = None
+        elif hasattr(value, "isoformat"):
+            value = value.isoformat()
+        out[name] = value
+    return out
