@@ -124,7 +124,8 @@ def matrix_cmd(
     for line in outcome.notes:
         note(line)
     cells = load_cells(outcome.run)
-    out.print(report.cells_table(cells, title=f"run {outcome.run.run_id}", orders=report.run_orders(outcome.run, cells)))
+    out.print(report.cells_table(cells, title=f"run {outcome.run.run_id}", orders=report.run_orders(outcome.run, cells),
+                                 width=out.width))
     if outcome.skipped:
         out.print(f"{len(outcome.skipped)} server groups already had results and were not run again.")
     out.print(f"results: {outcome.run.uri}")
@@ -203,7 +204,7 @@ def report_cmd(
         out.print(compare.table(result))
     if not own:
         out.print(report.cells_table(cells, title=f"run {run.run_id}", orders=orders,
-                                     limit=None if all_cells else report.TABLE_ROWS))
+                                     limit=None if all_cells else report.TABLE_ROWS, width=out.width))
     if explain:
         from sweeper.explain import render as render_explanation
 

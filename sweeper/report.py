@@ -16,6 +16,7 @@ import pyarrow as pa
 from rich import box
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from sweeper.envinfo import EnvInfo
 from sweeper.errors import SweepError, one_line
@@ -181,12 +182,14 @@ def mode_label(row: Mapping[str, Any]) -> str:
 
 
 def cells_table(cells: pd.DataFrame, *, title: str = "", commit_order: Sequence[str] = (),
-                limit: int | None = TABLE_ROWS, orders: Mapping[str, Sequence[str]] | None = None) -> Table:
+                limit: int | None = TABLE_ROWS, orders: Mapping[str, Sequence[str]] | None = None,
+                width: int | None = None) -> Table:
     """One row per cell: the axes that vary (short headers; the fixed ones said once above), status,
     failures with a Wilson 95% interval, a short failure-mode label, and a note (`status_detail` for a
     cell that is not `ok`, else what ran other than requested). Order: `in_order` (commits in
     `commit_order` or `orders["commit"]`). Above `limit` cells (None: no limit), only the worst
-    `limit` (`worst_cells`), and a caption says so."""
+    `limit` (`worst_cells`), and a caption says so. `width`: the terminal's, which the mode and note
+    columns are fitted into (None: as wide as they need)."""
     orders = {**(orders or {}), **({"commit": list(commit_order)} if commit_order else {})}
     fixed = fixed_axes(cells)
     axes = [a for a in varying_axes(cells) if a not in dict(fixed)]
@@ -197,23 +200,36 @@ def cells_table(cells: pd.DataFrame, *, title: str = "", commit_order: Sequence[
                    "the interval); `sweep report --all` shows every cell")
     heading = [t for t in (title, "fixed: " + ", ".join(f"{short_header(a)}={v}" for a, v in fixed) if fixed else "")
                if t]
-    # No outer border, and columns as wide as their values (a long header folds): the free-text
-    # columns, mode and note, take what width is left, so that a row stays one line in 100 columns.
-    table = Table(title="\n".join(heading) or None, caption=caption, show_lines=False, box=box.MINIMAL_HEAVY_HEAD,
-                  pad_edge=False, collapse_padding=True)
-    for name in axes:
-        widest = max((len(_fmt(v)) for v in shown[name]), default=1)
-        header = short_header(name)
-        table.add_column(header, overflow="fold", width=min(24, max(widest, min(len(header), 6))))
-    table.add_column("status", overflow="fold", width=max(6, *(len(str(v)) for v in shown["status"])))
-    table.add_column("failed/n", justify="right", no_wrap=True)
-    table.add_column("rate [95% CI]", justify="right", no_wrap=True)
     rows = in_order(shown, orders, axes).to_dict("records")
     notes = [_note(row) for row in rows]
     labels = [mode_label(row) for row in rows]
-    table.add_column("mode", overflow="fold", min_width=min(20, max(4, *map(len, labels))))
-    if any(notes):
-        table.add_column("note", overflow="fold", ratio=1, min_width=12)
+    # Columns as wide as their values (a long header folds); the free-text columns, mode and note,
+    # get what `width` leaves, so that most rows stay one line. No outer border: two more columns.
+    widths = [min(24, max(max((len(_fmt(v)) for v in shown[a]), default=1), min(len(short_header(a)), 6)))
+              for a in axes]
+    widths.append(max(6, *(len(str(v)) for v in shown["status"])))
+    widths.append(max(8, *(len(f"{int(r['n_failed'] or 0)}/{int(r['n_samples'] or 0)}") for r in rows)))
+    widths.append(max(13, *(len(fmt_rate(int(r["n_failed"] or 0), int(r["n_samples"] or 0))) for r in rows)))
+    mode_w = max(4, *map(len, labels))
+    note_w: int | None = max((len(Text.from_markup(n).plain) for n in notes), default=0) or None
+    if width is not None:
+        columns = len(widths) + 1 + (note_w is not None)
+        left = width - sum(widths) - 2 * columns  # a rule and a space beside each column
+        if note_w is not None:
+            mode_w = max(4, min(mode_w, left - min(note_w, 12)))
+            note_w = max(8, left - mode_w)
+        else:
+            mode_w = max(4, min(mode_w, left))
+    table = Table(title="\n".join(heading) or None, caption=caption, show_lines=False, box=box.MINIMAL_HEAVY_HEAD,
+                  pad_edge=False, collapse_padding=True)
+    for name, w in zip(axes, widths, strict=False):
+        table.add_column(short_header(name), overflow="fold", width=w)
+    table.add_column("status", overflow="fold", width=widths[len(axes)])
+    table.add_column("failed/n", justify="right", no_wrap=True, width=widths[len(axes) + 1])
+    table.add_column("rate [95% CI]", justify="right", no_wrap=True, width=widths[len(axes) + 2])
+    table.add_column("mode", overflow="fold", width=mode_w)
+    if note_w is not None:
+        table.add_column("note", overflow="fold", width=note_w if width is not None else None)
     for row, note, label in zip(rows, notes, labels, strict=True):
         status = row["status"]
         style = _STATUS_STYLE.get(status, "")
@@ -223,7 +239,7 @@ def cells_table(cells: pd.DataFrame, *, title: str = "", commit_order: Sequence[
             rate = f"[red]{rate}[/red]"
         cols = [*[escape(_fmt(row.get(a))) for a in axes], f"[{style}]{status}[/{style}]" if style else status,
                 f"{k}/{n}", rate, escape(label)]
-        table.add_row(*cols, *([note] if any(notes) else []))
+        table.add_row(*cols, *([note] if note_w is not None else []))
     return table
 
 
