@@ -30,9 +30,9 @@ SPECS = ["none", "ngram", "mtp"]
 TYPO = "--reasoning-parsr is not offered; commit main has vLLM 0.28.1.dev4"
 
 
-def cell_rows(run_id: str, fixed_env: str = "1") -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def cell_rows(run_id: str, commits: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     cells, samples = [], []
-    for commit in COMMITS:
+    for commit in commits:
         for spec in SPECS:
             for temperature in (0, 0.6):
                 k = 4 if spec != "none" else None
@@ -57,7 +57,8 @@ def cell_rows(run_id: str, fixed_env: str = "1") -> tuple[list[dict[str, Any]], 
     return cells, samples
 
 
-def write_sweep(runs_dir: Path, run_id: str, created: str, fixed_env: str = "1") -> RunDir:
+def write_sweep(runs_dir: Path, run_id: str, created: str, fixed_env: str = "1",
+                commits: list[str] = COMMITS) -> RunDir:
     run = RunDir(runs_dir / run_id)
     run.write_manifest(SweepManifest(
         run_id=run_id, created=created,
@@ -65,17 +66,18 @@ def write_sweep(runs_dir: Path, run_id: str, created: str, fixed_env: str = "1")
                 "axes": {"commit": sorted(COMMITS), "spec_method": SPECS, "num_speculative_tokens": [4],
                          "request.temperature": [0, 0.6]}},
         commit_order=tuple(COMMITS), groups=len(COMMITS) * len(SPECS)))
-    cells, samples = cell_rows(run_id, fixed_env)
+    cells, samples = cell_rows(run_id, commits)
     for group in dict.fromkeys(c["group_id"] for c in cells):
         run.write_group(group, table([s for s in samples if s["group_id"] == group], SAMPLE_SCHEMA),
                         table([c for c in cells if c["group_id"] == group], CELL_SCHEMA))
     return run
 
 
-def sweep(*args: str, env: dict[str, str] | None = None, terminal: bool = False) -> tuple[int, str]:
+def sweep(*args: str, env: dict[str, str] | None = None, terminal: bool = False,
+          unset: tuple[str, ...] = ()) -> tuple[int, str]:
     """`sweep ARGS` in a subprocess, COLUMNS=100: through a pseudo-terminal (the output a person sees)
-    or a pipe. Returns (exit code, output)."""
-    environ = {**os.environ, "COLUMNS": "100", **(env or {})}
+    or a pipe; `unset`: variables of this process it does not get. Returns (exit code, output)."""
+    environ = {**{k: v for k, v in os.environ.items() if k not in unset}, "COLUMNS": "100", **(env or {})}
     command = [sys.executable, "-m", "sweeper", *args]
     if not terminal:
         proc = subprocess.run(command, env=environ, capture_output=True, text=True, timeout=120, check=False)
@@ -246,3 +248,64 @@ def test_report_on_a_bisect_run_prints_its_verdict(tmp_path: Path, capsys: pytes
     code, out, err = run_cli(["report", "bis", "--runs-dir", str(tmp_path)], capsys)
     assert (code, out, err) == (0, render(SUMMARY) + "\n", "")
     assert "1 server start in 1 round," in out
+
+
+def test_the_heatmap_scale_comes_from_the_data_with_a_labelled_bar(tmp_path: Path) -> None:
+    """30 % at most: the colour bar runs 0–30 %, labelled, so that 30 % is a full colour, not a pale one."""
+    run = write_sweep(tmp_path, "demo", "2026-01-01T00:00:00+00:00")
+    from sweeper import report
+
+    counts = analysis.failure_counts(run, ["commit", "spec_method"])
+    path = report.heatmap(counts, ["commit"], ["spec_method"], tmp_path / "h.svg", orders=report.run_orders(run))
+    svg = path.read_text()
+    assert "<!-- failure rate -->" in svg
+    assert "<!-- 30% -->" in svg and "<!-- 100% -->" not in svg and "<!-- 1.0 -->" not in svg
+    # Rows and columns in the one order: commits in history order, spec methods as the matrix lists them.
+    pivot = report.failure_pivot(counts, ["commit"], ["spec_method"], orders=report.run_orders(run))
+    assert list(pivot.index) == COMMITS and list(pivot.columns) == SPECS
+
+
+def test_against_warns_of_differing_fixed_settings_and_counts_matched_cells_only(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_sweep(tmp_path, "a", "2026-01-02T00:00:00+00:00", fixed_env="1")
+    # B measured two of A's four commits: only those cells are compared, modes included.
+    write_sweep(tmp_path, "b", "2026-01-01T00:00:00+00:00", fixed_env="0", commits=["v0.27.0", "v0.28.0"])
+    code, out, err = run_cli(["report", "a", "--against", "b", "--runs-dir", str(tmp_path)], capsys)
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[:3] == [
+        "run a against b (change = a − b)",
+        ("  warning: fixed setting env.VLLM_ENFORCE_STRICT_TOOL_CALLING differs: 1 in a, 0 in b (every matched "
+         "cell differs in it too)"),
+        "  failure modes over the 12 matched cells only (12 only in a, 0 only in b left out)"]
+    # Matched: v0.27.0 (no failures) and v0.28.0 (3 of 10 in each mtp cell), 120 samples a side: the same.
+    assert lines[3] == "  mode in both: finish_reason: 6/120 (5.0%) → 6/120 (5.0%)"
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("terminal", [True, False], ids=["pty-ray", "pipe-local"])
+def test_the_demos_end_of_run_table_fits_100_columns(tmp_path: Path, terminal: bool) -> None:
+    """`sweep matrix matrices/demo.yaml` as a newcomer runs it: in a terminal (on the embedded Ray, whose
+    token notice is not shown) and piped (in-process); the same table as `sweep report` gives."""
+    executor = [] if terminal else ["--executor", "local"]
+    # As a newcomer's shell has it: no RAY_AUTH_MODE (Ray then enables token authentication, and says so).
+    code, text = sweep("matrix", str(ROOT / "matrices" / "demo.yaml"), "--runs-dir", str(tmp_path / "runs"),
+                       "--run-id", "demo", *executor, env={"SWEEP_CACHE": str(tmp_path / "cache"), "RAY_ADDRESS": ""},
+                       terminal=terminal, unset=("RAY_AUTH_MODE",))
+    assert code == 0, text[-3000:]
+    assert "Token authentication" not in text
+    table = text[text.index("run demo"):text.index("results:")]
+    assert max(len(line) for line in table.splitlines()) <= 100, table
+    assert "fixed: k=4" in table and "num_speculative_tokens" not in table
+    rows = rows_of(table)
+    assert len(rows) == 48
+    failing = [r for r in rows if r[4] != "ok" or not r[5].startswith("0/")]
+    assert failing and rows[:len(failing)] == failing
+    for block in (failing, rows[len(failing):]):
+        commits = [r[0] for r in block]
+        assert commits == sorted(commits, key=COMMITS.index)  # history order, not by name
+    code, report = sweep("report", "demo", "--runs-dir", str(tmp_path / "runs"), terminal=terminal)
+    assert code == 0 and rows_of(report) == rows
