@@ -207,10 +207,10 @@ def cells_table(cells: pd.DataFrame, *, title: str = "", commit_order: Sequence[
     # get what `width` leaves, so that most rows stay one line. No outer border: two more columns.
     widths = [min(24, max(max((len(_fmt(v)) for v in shown[a]), default=1), min(len(short_header(a)), 6)))
               for a in axes]
-    widths.append(max(6, *(len(str(v)) for v in shown["status"])))
-    widths.append(max(8, *(len(f"{int(r['n_failed'] or 0)}/{int(r['n_samples'] or 0)}") for r in rows)))
-    widths.append(max(13, *(len(fmt_rate(int(r["n_failed"] or 0), int(r["n_samples"] or 0))) for r in rows)))
-    mode_w = max(4, *map(len, labels))
+    widths.append(max([6, *(len(str(v)) for v in shown["status"])]))
+    widths.append(max([8, *(len(f"{int(r['n_failed'] or 0)}/{int(r['n_samples'] or 0)}") for r in rows)]))
+    widths.append(max([13, *(len(fmt_rate(int(r["n_failed"] or 0), int(r["n_samples"] or 0))) for r in rows)]))
+    mode_w = max([4, *map(len, labels)])
     note_w: int | None = max((len(Text.from_markup(n).plain) for n in notes), default=0) or None
     if width is not None:
         columns = len(widths) + 1 + (note_w is not None)
