@@ -3,7 +3,7 @@ damaged, and a lost manifest rebuilt.
 
 A run's listing (`RunSummary`) is its kind, creation time, matrix, cells, failing cells and status:
 `done`; `unfinished` (groups without results, or a bisect without its final verdict); `damaged`
-(what `sweep runs check` lists).
+(what `sweep runs check` lists); `other version` (written by a sweeper of another schema version).
 
 A run's damage is what `RunDir.scan` finds: a manifest that is lost, not JSON or not an object; a
 group whose cells or samples file does not read, is of another schema version, or holds other than
@@ -47,7 +47,7 @@ class RunSummary:
     matrix: str | None  # the matrix's name
     cells: int  # cells with results
     failing: int  # of those, cells not `ok` or with a failed sample
-    status: str  # "done", "unfinished", "damaged"
+    status: str  # "done", "unfinished", "damaged", "other version" (a sweeper of another schema wrote it)
     uri: str
 
     def as_json(self) -> dict[str, Any]:
@@ -57,7 +57,10 @@ class RunSummary:
 def summarize(run: RunDir) -> RunSummary:
     from sweeper import analysis
 
-    manifest = run.manifest_or_none()
+    try:
+        manifest = run.manifest_or_none()
+    except StoreError:  # written by another sweeper version: listed, not read
+        return RunSummary(run.run_id, None, None, None, 0, 0, "other version", run.uri)
     scan = run.scan()
     cells = analysis.load_table(run, "cells", ["status", "n_failed"]) if scan.groups else None
     n = cells.num_rows if cells is not None else 0
