@@ -198,7 +198,8 @@ def report_cmd(
         result = compare.compare(analysis.load_samples(run), cells, analysis.load_samples(other),
                                  analysis.load_cells(other), suite_a=report.run_suite(run),
                                  suite_b=report.run_suite(other), run_a=run.run_id, run_b=other.run_id,
-                                 fixed_a=compare.fixed_settings(manifest), fixed_b=compare.fixed_settings(other.manifest_or_none()))
+                                 fixed_a=compare.fixed_settings(manifest),
+                                 fixed_b=compare.fixed_settings(other.manifest_or_none()))
         for line in compare.render(result):
             out.print(line, markup=False, highlight=False)
         out.print(compare.table(result))

@@ -173,7 +173,8 @@ def _columns(r: _Run) -> list[tuple[str, ...]]:
         if key not in keys:
             keys.append(key)
     # Each axis's values in the matrix's order (as the terminal table and the PNG have them).
-    ranks = [{v: i for i, v in enumerate(r.orders.get(a, ()))} for a in r.axes]
+    # (The table shows a boolean as True, a term as true: either finds its place.)
+    ranks = [{w: i for i, v in enumerate(r.orders.get(a, ())) for w in (v, v.lower())} for a in r.axes]
     return sorted(keys, key=lambda k: tuple((rank.get(v, len(rank)), v) for rank, v in zip(ranks, k, strict=True)))
 
 
