@@ -309,3 +309,31 @@ def test_the_demos_end_of_run_table_fits_100_columns(tmp_path: Path, terminal: b
         assert commits == sorted(commits, key=COMMITS.index)  # history order, not by name
     code, report = sweep("report", "demo", "--runs-dir", str(tmp_path / "runs"), terminal=terminal)
     assert code == 0 and rows_of(report) == rows
+
+
+def test_a_bisect_of_one_start_a_round_says_so_in_the_singular(tmp_path: Path, tiny_suite: Path) -> None:
+    from conftest import make_sim_repo
+
+    from sweeper.bisect.driver import run_bisect
+    from sweeper.executor import choose
+
+    crash = {"id": "engine-dead", "effect": "crash", "when": {"spec_method": ["mtp"]}, "after_requests": 1,
+             "message": "TypeError: Cannot inspect kernel parameters for function"}
+    make_sim_repo(tmp_path / "vllm", [("v0.27.0", {}), ("c1", {"bugs": [crash]})])
+    (tmp_path / "m.yaml").write_text(f"""
+name: one
+model: Qwen/Qwen3-8B
+suite: {tiny_suite}
+install: {{kind: sim, repo: {tmp_path / "vllm"}}}
+timeouts: {{startup_s: 30, request_s: 10}}
+axes:
+  commit: [v0.27.0, c1]
+  spec_method: [mtp]
+  num_speculative_tokens: [2]
+""")
+    events: list[str] = []
+    outcome = run_bisect(matrix_path=tmp_path / "m.yaml", good="v0.27", bad="c1", where=["spec_method=mtp"],
+                         parallel=1, runs_dir=tmp_path / "runs", cache_dir=tmp_path / "cache",
+                         executor=choose("local"), on_event=events.append)
+    assert "1 server start per round" in events
+    assert outcome.summary["server_starts"] >= 1
