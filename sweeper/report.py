@@ -204,7 +204,9 @@ def cells_table(cells: pd.DataFrame, *, title: str = "", commit_order: Sequence[
     notes = [_note(row) for row in rows]
     labels = [mode_label(row) for row in rows]
     # Columns as wide as their values (a long header folds); the free-text columns, mode and note,
-    # get what `width` leaves, so that most rows stay one line. No outer border: two more columns.
+    # get what `width` leaves, so that most rows stay one line. Set here rather than left to rich,
+    # which shrinks every column alike and folds a commit like v0.28.0~3 over two lines. No outer
+    # border and one space of padding between columns: more room for the text.
     widths = [min(24, max(max((len(_fmt(v)) for v in shown[a]), default=1), min(len(short_header(a)), 6)))
               for a in axes]
     widths.append(max([6, *(len(str(v)) for v in shown["status"])]))
