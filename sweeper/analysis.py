@@ -34,27 +34,41 @@ from sweeper.store import CELL_SCHEMA, KINDS, MANIFEST, PROBE_SCHEMA, SAMPLE_SCH
 _TABLES = {"samples": SAMPLE_SCHEMA, "cells": CELL_SCHEMA, "probes": PROBE_SCHEMA}
 
 
-def run_dirs(runs_dir: str | os.PathLike[str] | Location) -> list[RunDir]:
-    """The runs under `runs_dir` (a folder or a filesystem URI), oldest first: folders with a
-    manifest, or with results whose manifest is lost."""
+def run_dirs(runs_dir: str | os.PathLike[str] | Location, kind: str | None = None) -> list[RunDir]:
+    """The runs under `runs_dir` (a folder or a filesystem URI), oldest first by creation time (the
+    manifest's `created`: a bisect resumed or a manifest rewritten does not make a run newer):
+    folders with a manifest, or with results whose manifest is lost. `kind` ("matrix", "bisect"):
+    only runs whose manifest says so."""
     base = Location.parse(runs_dir)
     found = []
     for entry in base.listing():
         if entry.type != pafs.FileType.Directory or entry.base_name.startswith("."):
             continue
         run = RunDir(base.join(entry.base_name))
-        inside = {i.base_name: i for i in run.location.listing()}
-        if MANIFEST in inside:
-            found.append((inside[MANIFEST].mtime_ns or 0, run))
-        elif "cells" in inside or "samples" in inside:
-            found.append((entry.mtime_ns or 0, run))
+        inside = {i.base_name for i in run.location.listing()}
+        if MANIFEST not in inside and "cells" not in inside and "samples" not in inside:
+            continue
+        if kind is not None and run_kind(run) != kind:
+            continue
+        when = run.created()
+        found.append((when.timestamp() if when else 0.0, run))
     return [run for _, run in sorted(found, key=lambda f: (f[0], f[1].run_id))]
 
 
-def latest_run(runs_dir: str | os.PathLike[str] | Location) -> RunDir:
-    runs = run_dirs(runs_dir)
+def run_kind(run: RunDir) -> str | None:
+    """"matrix" or "bisect" as the run's manifest says; None when it does not read."""
+    try:
+        return run.read_manifest().kind
+    except SweepError:
+        return None
+
+
+def latest_run(runs_dir: str | os.PathLike[str] | Location, kind: str | None = None) -> RunDir:
+    """The run created last (of `kind` when given)."""
+    runs = run_dirs(runs_dir, kind)
     if not runs:
-        raise StoreError(f"no runs under {Location.parse(runs_dir)}")
+        what = {"matrix": "sweep runs", "bisect": "bisect runs"}.get(kind or "", "runs")
+        raise StoreError(f"no {what} under {Location.parse(runs_dir)}")
     return runs[-1]
 
 

@@ -27,20 +27,22 @@ suite_app = typer.Typer(no_args_is_help=True, help="Inspect replay suites.\n\nEx
 cache_app = typer.Typer(no_args_is_help=True, help="Per-commit vLLM environments cached on this node.\n\n"
                                                     "Example: sweep cache list")
 model_app = typer.Typer(no_args_is_help=True, help="Build models for local tests.\n\nExample: sweep model tiny /tmp/tiny")
-runs_app = typer.Typer(no_args_is_help=True, help="Check stored runs for damage; rebuild a lost manifest.\n\n"
-                                                   "Example: sweep runs check")
+runs_app = typer.Typer(no_args_is_help=True, help="List stored runs, check them for damage, rebuild a lost "
+                                                   "manifest.\n\nExample: sweep runs list")
 app.add_typer(suite_app, name="suite")
 app.add_typer(runs_app, name="runs")
 app.add_typer(cache_app, name="cache")
 app.add_typer(model_app, name="model")
 
-# Piped output (CI logs, files) gets a wide table instead of rich's 80-column default.
-out = Console(width=None if sys.stdout.isatty() else 200)
+# Piped output (CI logs, files) gets a wide table instead of rich's 80-column default, unless COLUMNS
+# says how wide (rich reads it, on a terminal too).
+out = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit() else 200)
 err = Console(stderr=True, soft_wrap=True)
 
 # A string, not a Path: a filesystem URI (s3://bucket/prefix) must keep its double slash.
-RunsDir = Annotated[str, typer.Option("--runs-dir", help="Folder holding the runs, or a pyarrow filesystem URI "
-                                                          "(s3://bucket/prefix, gs://…, file://…).")]
+RunsDir = Annotated[str, typer.Option("--runs-dir", envvar="SWEEP_RUNS_DIR",
+                                      help="Folder holding the runs, or a pyarrow filesystem URI "
+                                           "(s3://bucket/prefix, gs://…, file://…); default: $SWEEP_RUNS_DIR, else runs.")]
 
 
 ExecutorOpt = Annotated[str, typer.Option("--executor", help="Where servers run: ray (a cluster, or a local one) "
@@ -133,7 +135,8 @@ def matrix_cmd(
     for line in outcome.notes:
         note(line)
     cells = load_cells(outcome.run)
-    out.print(report.cells_table(cells, title=f"run {outcome.run.run_id}"))
+    out.print(report.cells_table(cells, title=f"run {outcome.run.run_id}", orders=report.run_orders(outcome.run, cells),
+                                 width=out.width))
     if outcome.skipped:
         out.print(f"{len(outcome.skipped)} server groups already had results and were not run again.")
     out.print(f"results: {outcome.run.uri}")
@@ -152,18 +155,19 @@ def report_cmd(
     mode: Annotated[str | None, typer.Option("--mode", help="With --issue: the failure mode (its number in --explain, or part of its name).")] = None,
     against: Annotated[str | None, typer.Option("--against", help="Compare with this run: failure-rate change per cell with its interval.")] = None,
     all_cells: Annotated[bool, typer.Option("--all", help="Show every cell in the table (default: the 200 that fail most, when there are more).")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="With --explain: print the explanation as JSON only (schema: runs/README.md).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text: the run's cells, or with --explain the explanation (schemas: runs/README.md).")] = False,
 ) -> None:
-    """Failure rates per cell with 95% intervals; optionally a heatmap, the explanation, an HTML report,
-    a vLLM bug report, or a comparison with another run.
+    """Failure rates per cell with 95% intervals (a bisect run: its verdict); or, instead, a heatmap,
+    the explanation, an HTML report, a vLLM bug report, a comparison with another run, or JSON.
 
     Example: sweep report --explain --html runs/demo.html
     """
     from sweeper import analysis, report
+    from sweeper.records import BisectManifest
     from sweeper.store import open_run
 
     run = open_run(runs_dir, run_id, create=False) if run_id else analysis.latest_run(runs_dir)
-    run.manifest_or_none()  # results of another schema version: one line, stop
+    manifest = run.manifest_or_none()  # results of another schema version: one line, stop
     warn_damage(run)
     if issue:
         from sweeper.bugreport import issue_markdown
@@ -173,18 +177,34 @@ def report_cmd(
         return
     if mode is not None:
         raise SweepError("--mode goes with --issue")
-    if as_json:
-        if not explain:
-            raise SweepError("--json goes with --explain")
+    if as_json and explain:
         from sweeper.explain_json import to_json
 
         # JSON only, so it can be piped into jq or a file.
         sys.stdout.write(json.dumps(to_json(report.explain_run(run)), indent=2) + "\n")
         return
+    own = explain or heatmap or html or against or as_json  # each prints its own output, not the table
+    if isinstance(manifest, BisectManifest) and not own:
+        from sweeper.bisect.report import render
+
+        # The verdict as the bisect left it: nothing is started, nothing probed again.
+        summary = run.read_json("bisect.json")
+        if not isinstance(summary, dict):
+            raise SweepError(f"bisect run {run.run_id} has no verdict yet (no readable bisect.json); "
+                             f"`sweep bisect --good {manifest.good} --bad {manifest.bad} --resume {run.run_id}` "
+                             "continues it")
+        out.print(render(summary), markup=False, highlight=False)
+        if not summary.get("final"):
+            note(f"bisect run {run.run_id} is unfinished: this is its state after round {summary.get('rounds')}")
+        return
     # The table alone needs a few of the cells' columns; the explanation and a comparison need them all.
-    cells_table = analysis.load_table(run, "cells", None if explain or against else report.TABLE_COLUMNS)
+    cells_table = analysis.load_table(run, "cells", None if explain or against or as_json else report.TABLE_COLUMNS)
     cells = analysis.frame(cells_table)
-    order = report.commit_order(run, cells["commit"].astype(str) if "commit" in cells.columns else ())
+    orders = report.run_orders(run, cells)
+    order = orders["commit"]
+    if as_json:
+        sys.stdout.write(json.dumps(report.report_json(run, cells_table, orders), indent=2, allow_nan=False,
+                                    default=str) + "\n")
     if against:
         from sweeper import compare
 
@@ -192,30 +212,81 @@ def report_cmd(
         warn_damage(other)
         result = compare.compare(analysis.load_samples(run), cells, analysis.load_samples(other),
                                  analysis.load_cells(other), suite_a=report.run_suite(run),
-                                 suite_b=report.run_suite(other), run_a=run.run_id, run_b=other.run_id)
+                                 suite_b=report.run_suite(other), run_a=run.run_id, run_b=other.run_id,
+                                 fixed_a=compare.fixed_settings(manifest),
+                                 fixed_b=compare.fixed_settings(other.manifest_or_none()))
         for line in compare.render(result):
             out.print(line, markup=False, highlight=False)
         out.print(compare.table(result))
-    else:
-        out.print(report.cells_table(cells, title=f"run {run.run_id}", commit_order=order,
-                                     limit=None if all_cells else report.TABLE_ROWS))
+    if not own:
+        out.print(report.cells_table(cells, title=f"run {run.run_id}", orders=orders,
+                                     limit=None if all_cells else report.TABLE_ROWS, width=out.width))
     if explain:
-        from sweeper.explain import render
+        from sweeper.explain import render as render_explanation
 
         # Never wrapped: one line per fact, so a mode's line can be grepped from piped output.
-        out.print(render(report.explain_run(run, cells=cells)), markup=False, highlight=False, soft_wrap=True)
+        out.print(render_explanation(report.explain_run(run, cells=cells)), markup=False, highlight=False,
+                  soft_wrap=True)
     if heatmap:
         row_axes = [a for a in (rows or "commit").split(",") if a]
         col_axes = [a for a in (cols or "spec_method").split(",") if a]
         # Counts per cell of the heatmap, aggregated in DuckDB: memory does not grow with the samples.
         counts = analysis.failure_counts(run, [*row_axes, *col_axes], cells=cells_table)
         path = report.heatmap(counts, row_axes, col_axes, heatmap,
-                              title=run.run_id, commit_order=order)
+                              title=run.run_id, commit_order=order, orders=orders)
         out.print(f"heatmap: {path}")
     if html:
         from sweeper import html_report
 
         out.print(f"html: {html_report.write(run, html)}")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from sweeper import __version__
+
+        sys.stdout.write(f"sweep {__version__}\n")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Print the sweeper's version and exit.")] = False) -> None:
+    """Find which vLLM serving configurations break, and which vLLM commit broke them."""
+
+
+@runs_app.command("list")
+def runs_list(
+    runs_dir: RunsDir = "runs",
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON array of the runs (schema: runs/README.md).")] = False,
+) -> None:
+    """List the stored runs, oldest first: kind, created, matrix, cells, failing cells, status.
+
+    Example: sweep runs list --json
+    """
+    import json
+
+    from rich.table import Table
+
+    from sweeper import runs
+
+    found = runs.listing(runs_dir)
+    if as_json:
+        sys.stdout.write(json.dumps([r.as_json() for r in found], indent=2) + "\n")
+        return
+    if not found:
+        out.print(f"no runs under {runs_dir}", markup=False, highlight=False)
+        return
+    table = Table(show_lines=False)
+    for name in ("run", "kind", "created (UTC)", "matrix"):
+        table.add_column(name, overflow="fold")
+    table.add_column("cells", justify="right")
+    table.add_column("failing", justify="right")
+    table.add_column("status")
+    for r in found:
+        created = r.created[:19].replace("T", " ") if r.created else "·"
+        table.add_row(r.run_id, r.kind or "·", created, r.matrix or "·", str(r.cells), str(r.failing), r.status)
+    out.print(table)
 
 
 @runs_app.command("check")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import re
 import shutil
@@ -119,6 +120,19 @@ def remove_orphan_clusters() -> list[str]:
     return removed
 
 
+class _NoTokenNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
+
+
+def quiet_token_notice() -> None:
+    """Ray says on every local start that it enabled token authentication (its default): a line on
+    every command that tells a user nothing to do. The authentication stays on; only the notice goes."""
+    logger = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    if not any(isinstance(f, _NoTokenNotice) for f in logger.filters):
+        logger.addFilter(_NoTokenNotice())
+
+
 @dataclass(frozen=True)
 class ClusterInfo:
     address: str
@@ -167,6 +181,7 @@ class Cluster:
         import ray
 
         remove_orphan_clusters()
+        quiet_token_notice()
         num_cpus = self.num_cpus or os.cpu_count() or 1
         slots = max(num_cpus, int(self.logical_gpus or 0))
         kwargs: dict[str, Any] = {}

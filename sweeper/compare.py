@@ -4,8 +4,11 @@ Cells are matched by their settings, the commit aside (before/after a vLLM upgra
 what differs); a run holding several commits of the same settings is matched commit by commit
 too. Per matched cell: the failure-rate change A − B with Newcombe's hybrid-score 95 % interval and
 Fisher's exact test, Benjamini–Hochberg-corrected over the matched cells. Failure modes are the
-ones bisect uses, assigned over both runs at once so their names agree; modes that appear in A or
-vanish from B are listed first.
+ones bisect uses, assigned over both runs at once so their names agree, and counted over the matched
+cells only (a mode's rate over all of A against all of B would pool different cells and commits);
+modes that appear in A or vanish from B are listed first. Settings fixed in either matrix (model,
+`env`, `serve`, `request`) that differ between the runs are listed first of all: each matched cell
+differs in them too.
 """
 
 from __future__ import annotations
@@ -64,6 +67,27 @@ class Comparison:
     only_a: tuple[str, ...]  # settings labels without a partner
     only_b: tuple[str, ...]
     alpha: float
+    fixed_differ: tuple[tuple[str, str, str], ...] = ()  # (setting, in A, in B) fixed in a matrix, differing
+
+
+def fixed_settings(manifest: Any) -> dict[str, str]:
+    """The settings a run's matrix fixes for every cell: `model`, `env.X`, `serve.--flag`,
+    `request.field` (values as text; secrets, by name, as `<redacted>`). {} without a manifest."""
+    from sweeper.bugreport import is_secret
+
+    matrix = getattr(manifest, "matrix", None) or {}
+    out: dict[str, str] = {}
+    if matrix.get("model") is not None:
+        out["model"] = str(matrix["model"])
+    for section in ("env", "serve", "request"):
+        for name, value in dict(matrix.get(section) or {}).items():
+            out[f"{section}.{name}"] = "<redacted>" if is_secret(str(name)) else str(value_text(value))
+    return out
+
+
+def _differing(a: Mapping[str, str], b: Mapping[str, str]) -> tuple[tuple[str, str, str], ...]:
+    return tuple((k, a.get(k, "(not set)"), b.get(k, "(not set)")) for k in dict.fromkeys([*a, *b])
+                 if a.get(k) != b.get(k))
 
 
 def newcombe(k1: int, n1: int, k2: int, n2: int) -> tuple[float, float, float]:
@@ -96,10 +120,25 @@ def _merge_suites(a: Suite | None, b: Suite | None) -> Suite | None:
     digest = hashlib.sha256((a.digest + b.digest).encode()).hexdigest()
     return dataclasses.replace(a, name=f"{a.name}+{b.name}", cases=tuple(cases.values()), digest=digest)
 
+# Two runs side by side: each of their parts is a pair (samples, cells, suite, name, fixed settings).
 
-def compare(samples_a: pd.DataFrame, cells_a: pd.DataFrame, samples_b: pd.DataFrame, cells_b: pd.DataFrame, *,
+def compare(samples_a: pd.DataFrame, cells_a: pd.DataFrame, samples_b: pd.DataFrame, cells_b: pd.DataFrame, *,  # noqa: PLR0913
             suite_a: Suite | None = None, suite_b: Suite | None = None, run_a: str = "A", run_b: str = "B",
-            alpha: float = 0.05) -> Comparison:
+            alpha: float = 0.05, fixed_a: Mapping[str, str] | None = None,
+            fixed_b: Mapping[str, str] | None = None) -> Comparison:
+    """`fixed_a`/`fixed_b`: the settings each run's matrix fixes (`fixed_settings`)."""
+    # Several commits of the same settings in either run: match commit by commit.
+    plain_a, plain_b = _keys(cells_a, False), _keys(cells_b, False)
+    with_commit = any(len(v) > 1 for v in [*plain_a.values(), *plain_b.values()])
+    keyed_a, keyed_b = (_keys(cells_a, True), _keys(cells_b, True)) if with_commit else (plain_a, plain_b)
+    matched = [k for k in keyed_a if k in keyed_b]
+    # The modes over the matched cells only: the same settings (and commits) on both sides.
+    ids_a = {str(keyed_a[k][0].get("cell_id")) for k in matched}
+    ids_b = {str(keyed_b[k][0].get("cell_id")) for k in matched}
+    if "cell_id" in samples_a.columns:
+        samples_a = samples_a[samples_a["cell_id"].astype(str).isin(ids_a)]
+    if "cell_id" in samples_b.columns:
+        samples_b = samples_b[samples_b["cell_id"].astype(str).isin(ids_b)]
     both = pd.concat([samples_a.assign(_run="a"), samples_b.assign(_run="b")], ignore_index=True)
     classified = classify(both, _merge_suites(suite_a, suite_b)) if not both.empty else None
     shifts = []
@@ -119,11 +158,6 @@ def compare(samples_a: pd.DataFrame, cells_a: pd.DataFrame, samples_b: pd.DataFr
     order = {"appeared": 0, "vanished": 1, "both": 2}
     shifts.sort(key=lambda s: (order[s.kind], -(s.after.failed + s.before.failed)))
 
-    # Several commits of the same settings in either run: match commit by commit.
-    plain_a, plain_b = _keys(cells_a, False), _keys(cells_b, False)
-    with_commit = any(len(v) > 1 for v in [*plain_a.values(), *plain_b.values()])
-    keyed_a, keyed_b = (_keys(cells_a, True), _keys(cells_b, True)) if with_commit else (plain_a, plain_b)
-    matched = [k for k in keyed_a if k in keyed_b]
     rows: list[tuple[Any, ...]] = []
     for key in matched:
         ra, rb = keyed_a[key][0], keyed_b[key][0]
@@ -146,7 +180,8 @@ def compare(samples_a: pd.DataFrame, cells_a: pd.DataFrame, samples_b: pd.DataFr
         return " ".join(f"{display_axis(a)}={v}" for a, v in k)
     return Comparison(run_a, run_b, tuple(shifts), tuple(changes),
                       tuple(label(k) for k in keyed_a if k not in keyed_b),
-                      tuple(label(k) for k in keyed_b if k not in keyed_a), alpha)
+                      tuple(label(k) for k in keyed_b if k not in keyed_a), alpha,
+                      _differing(fixed_a or {}, fixed_b or {}))
 
 
 def _rate(c: Count) -> str:
@@ -156,6 +191,12 @@ def _rate(c: Count) -> str:
 def render(cmp: Comparison) -> list[str]:
     """Plain lines: the modes that appeared or vanished first, then every matched cell."""
     out = [f"run {cmp.run_a} against {cmp.run_b} (change = {cmp.run_a} − {cmp.run_b})"]
+    for setting, a, b in cmp.fixed_differ:
+        out.append(f"  warning: fixed setting {setting} differs: {a} in {cmp.run_a}, {b} in {cmp.run_b} "
+                   "(every matched cell differs in it too)")
+    out.append(f"  failure modes over the {len(cmp.cells)} matched cells only"
+               + (f" ({len(cmp.only_a)} only in {cmp.run_a}, {len(cmp.only_b)} only in {cmp.run_b} left out)"
+                  if cmp.only_a or cmp.only_b else ""))
     words = {"appeared": f"appeared in {cmp.run_a}", "vanished": f"vanished in {cmp.run_a}", "both": "in both"}
     for s in cmp.modes:
         out.append(f"  mode {words[s.kind]}: {s.mode}: {_rate(s.before)} → {_rate(s.after)}")

@@ -32,7 +32,12 @@ def replacing(path: Path | str) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    try:
+        # mkstemp makes the file 0600 whatever the umask; the file it becomes is read by others
+        # (a shared runs folder, a served HTML report) as any file written plainly would be.
+        os.fchmod(fd, 0o666 & ~current_umask())
+    finally:
+        os.close(fd)
     tmp = Path(name)
     try:
         yield tmp
@@ -44,6 +49,18 @@ def replacing(path: Path | str) -> Iterator[Path]:
     # The rename itself is durable once the folder's entry is on disk.
     with contextlib.suppress(OSError):
         _fsync(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+
+
+def current_umask() -> int:
+    """The process's umask: from /proc where there is one (reading it there changes nothing), else
+    by setting it and putting it back (for that instant another thread's new file gets 022)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_text(path: Path | str, text: str) -> None:

@@ -17,7 +17,7 @@ import json
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,7 @@ class _Run:
     classified: Classified
     explanation: Explanation
     axes: list[str]  # the axes that vary between cells, the commit aside
+    orders: dict[str, list[str]] = field(default_factory=dict)  # each axis's values in the matrix's order
 
     def commit_label(self, commit: str) -> str:
         return commit[:10] if len(commit) == 40 and all(c in "0123456789abcdef" for c in commit) else commit
@@ -93,12 +94,12 @@ def load(run: RunDir) -> _Run:
     samples = analysis.load_samples(run).reset_index(drop=True)
     cells = analysis.load_cells(run)
     suite = report.run_suite(run)
-    present = list(cells["commit"].astype(str)) if "commit" in cells.columns else []
-    order = report.commit_order(run, present)
+    orders = report.run_orders(run, cells)
+    order = orders["commit"]
     explanation = report.explain_run(run, samples, cells)
     classified = classify(samples, suite) if not samples.empty else Classified([], {})
     axes = [a for a in report.varying_axes(cells) if a != "commit"] if not cells.empty else []
-    return _Run(run, manifest, samples, cells, order, classified, explanation, axes)
+    return _Run(run, manifest, samples, cells, order, classified, explanation, axes, orders)
 
 
 # ---- sections -------------------------------------------------------------------------------------
@@ -171,7 +172,10 @@ def _columns(r: _Run) -> list[tuple[str, ...]]:
         key = tuple(value_text(axes.get(a)) or "·" for a in r.axes)
         if key not in keys:
             keys.append(key)
-    return sorted(keys)
+    # Each axis's values in the matrix's order (as the terminal table and the PNG have them).
+    # (The table shows a boolean as True, a term as true: either finds its place.)
+    ranks = [{w: i for i, v in enumerate(r.orders.get(a, ())) for w in (v, v.lower())} for a in r.axes]
+    return sorted(keys, key=lambda k: tuple((rank.get(v, len(rank)), v) for rank, v in zip(ranks, k, strict=True)))
 
 
 def _grid(r: _Run) -> tuple[list[str], list[tuple[str, ...]], dict[tuple[str, tuple[str, ...]], dict[str, Any]]]:
@@ -343,9 +347,10 @@ def _example(r: _Run, s: Mapping[str, Any], mode: str | None) -> str:
 def _cells(r: _Run) -> str:
     if r.cells.empty:
         return ""
-    rank = {c: i for i, c in enumerate(r.order)}
-    rows = r.cells.assign(_rank=r.cells["commit"].astype(str).map(lambda c: rank.get(c, len(rank))))
-    rows = rows.sort_values(["_rank", "cell_id"])
+    from sweeper import report
+
+    # The terminal table's order: failing cells first, then history order and the matrix's order.
+    rows = report.in_order(r.cells, r.orders, ["commit", *r.axes] if "commit" in r.cells.columns else r.axes)
     by_cell = {str(c): g for c, g in r.samples.groupby("cell_id", sort=False)} if not r.samples.empty else {}
     parts = [('<section id="cells"><h2>Cells</h2><label class="muted"><input type="checkbox" id="only-failing"> '
              'only cells with failures or another effective configuration</label>')]

@@ -1,4 +1,9 @@
-"""`sweep runs check` and `sweep runs repair`: find damaged runs, rebuild a lost manifest.
+"""`sweep runs list`, `sweep runs check` and `sweep runs repair`: the runs stored, which are
+damaged, and a lost manifest rebuilt.
+
+A run's listing (`RunSummary`) is its kind, creation time, matrix, cells, failing cells and status:
+`done`; `unfinished` (groups without results, or a bisect without its final verdict); `damaged`
+(what `sweep runs check` lists); `other version` (written by a sweeper of another schema version).
 
 A run's damage is what `RunDir.scan` finds: a manifest that is lost, not JSON or not an object; a
 group whose cells or samples file does not read, is of another schema version, or holds other than
@@ -9,9 +14,11 @@ a manifest is rebuilt (`sweeper.repair`) from the matrix file and what the resul
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sweeper.errors import StoreError, SweepError, clip
 from sweeper.records import BisectManifest, SweepManifest
@@ -28,6 +35,63 @@ class RunHealth:
             extra = f", {len(self.scan.partial)} unfinished" if self.scan.partial else ""
             return [f"run {self.run.run_id}: sound ({len(self.scan.groups)} groups{extra})"]
         return [str(d) for d in self.scan.damage]
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One line of `sweep runs list` (and one object of its `--json`)."""
+
+    run_id: str
+    kind: str | None  # "matrix", "bisect"; None when the manifest does not read
+    created: str | None  # ISO 8601, UTC
+    matrix: str | None  # the matrix's name
+    cells: int  # cells with results
+    failing: int  # of those, cells not `ok` or with a failed sample
+    status: str  # "done", "unfinished", "damaged", "other version" (a sweeper of another schema wrote it)
+    uri: str
+
+    def as_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def summarize(run: RunDir) -> RunSummary:
+    from sweeper import analysis
+
+    try:
+        manifest = run.manifest_or_none()
+    except StoreError:  # written by another sweeper version: listed, not read
+        return RunSummary(run.run_id, None, None, None, 0, 0, "other version", run.uri)
+    scan = run.scan()
+    cells = analysis.load_table(run, "cells", ["status", "n_failed"]) if scan.groups else None
+    n = cells.num_rows if cells is not None else 0
+    failing = 0
+    if cells is not None:
+        statuses, failed = cells.column("status").to_pylist(), cells.column("n_failed").to_pylist()
+        failing = sum(s != "ok" or bool(f) for s, f in zip(statuses, failed, strict=True))
+    if scan.damage:
+        status = "damaged"
+    elif isinstance(manifest, BisectManifest):
+        verdict = run.read_json("bisect.json")
+        status = "done" if isinstance(verdict, dict) and verdict.get("final") else "unfinished"
+    elif scan.partial or (isinstance(manifest, SweepManifest) and manifest.groups is not None
+                          and len(scan.groups) < manifest.groups):
+        status = "unfinished"
+    else:
+        status = "done"
+    created = run.created()
+    name = manifest.matrix.get("name") if manifest is not None else None
+    if not name and manifest is not None and manifest.matrix_path:
+        name = Path(manifest.matrix_path).stem
+    return RunSummary(run.run_id, manifest.kind if manifest else None,
+                      created.isoformat(timespec="seconds") if created else None,
+                      str(name) if name else None, n, failing, status, run.uri)
+
+
+def listing(runs_dir: str | os.PathLike[str]) -> list[RunSummary]:
+    """Every run under `runs_dir`, oldest first (by creation time)."""
+    from sweeper import analysis
+
+    return [summarize(run) for run in analysis.run_dirs(runs_dir)]
 
 
 def check(runs_dir: str | os.PathLike[str], run_id: str | None = None) -> list[RunHealth]:

@@ -551,10 +551,39 @@ class RunDir:
     def write_manifest(self, manifest: Manifest) -> None:
         """manifest.json, atomically. `created`, `sweeper` and `host` left None are stamped: now, this
         sweeper, this machine."""
-        manifest = dataclasses.replace(manifest, created=manifest.created or now_utc().isoformat(),
+        # A manifest written again (each bisect round, a resumed run) keeps the run's creation time:
+        # "the latest run" is the one created last, not the one touched last.
+        created = manifest.created or self._created() or now_utc().isoformat()
+        manifest = dataclasses.replace(manifest, created=created,
                                        sweeper=manifest.sweeper or __version__, host=manifest.host or host_info())
         write_json_atomic({**to_json(manifest), "schema_version": SCHEMA_VERSION}, self.manifest_file)
         self._identity = _identity(manifest)
+
+    def _created(self) -> str | None:
+        """The creation time the run's manifest already records, if it has a readable one."""
+        try:
+            return self.read_manifest().created
+        except StoreError:
+            return None
+
+    def created(self) -> datetime | None:
+        """When the run was made: its manifest's `created`, else (no readable manifest, or one written
+        before that key) the time its folder or manifest was last written; None when neither reads."""
+        stamp = self._created()
+        if stamp:
+            try:
+                when = datetime.fromisoformat(stamp)
+                return when if when.tzinfo else when.replace(tzinfo=UTC)
+            except ValueError:
+                pass
+        for loc in (self.manifest_file, self.location):
+            try:
+                info = loc.info()
+            except StoreError:
+                continue
+            if info.type != pafs.FileType.NotFound and info.mtime_ns:
+                return datetime.fromtimestamp(info.mtime_ns / 1e9, UTC)
+        return None
 
     def record_retry(self, group_id: str, attempt: int, error: str) -> None:
         """A group lost with its node or worker and submitted again: the sweep's manifest lists it."""

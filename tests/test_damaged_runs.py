@@ -124,7 +124,9 @@ def test_report_warns_check_lists_resume_repairs(case: str, made: tuple[Path, Pa
     assert_one_line_each(err)
     warnings = [line for line in err.splitlines() if line.startswith("warning: ")]
     assert len(warnings) == 1 and f"run r: {part}: " in warnings[0], err
-    assert "run r" in out and (tmp_path / "h.png").stat().st_size > 1000
+    assert out == f"heatmap: {tmp_path / 'h.png'}\n" and (tmp_path / "h.png").stat().st_size > 1000
+    code, out, table_err = run_cli(["report", "r", "--runs-dir", str(runs)], capsys)
+    assert (code, table_err) == (0, err) and "run r" in out  # the table, with the same warning
     if part.startswith("group"):
         assert "runs it again" in warnings[0]
         assert len(analysis.load_samples(run, columns=["cell_id"])) == ROWS - 2 * 3  # one cell: 2 cases x 3 repeats

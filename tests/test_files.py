@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -71,3 +74,48 @@ def test_a_help_that_fails_or_times_out_is_not_cached(tmp_path: Path) -> None:
     good = script(tmp_path / "good", f"print({HELP!r})")
     assert "--max-model-len" in supported_flags(Installed(commit="c", sha=None, kind="preinstalled", launch=(good,), root=str(root)))
     assert (root / "flags.json").exists()
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+@pytest.mark.usefixtures("umask_022")
+@pytest.mark.parametrize("uri", [False, True], ids=["folder", "file-uri"])
+def test_every_file_of_a_run_is_readable_as_the_umask_says(tmp_path: Path, uri: bool) -> None:
+    """A shared runs folder or a served report: under umask 022 each file the store writes is 0644,
+    as a plain write would make it (not the 0600 of a temporary file)."""
+    from sweeper.matrix import canonical
+    from sweeper.records import SweepManifest
+    from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, RunDir, table
+
+    root = tmp_path / "runs" / "r"
+    run = RunDir(f"file://{root}" if uri else root)
+    run.write_manifest(SweepManifest(run_id="r", matrix={"axes": {}}))
+    common = {"run_id": "r", "group_id": "g", "cell_id": "c", "server_key": "g", "commit": "v1",
+              "axes": [("commit", canonical("v1"))]}
+    run.write_group("g", table([{**common, "case_id": "a", "repeat": 0, "passed": True}], SAMPLE_SCHEMA),
+                    table([{**common, "status": "ok", "n_samples": 1, "n_failed": 0}], CELL_SCHEMA))
+    run.write_log("c", "log line\n")
+    run.write_json("bisect.json", {"a": 1})
+    files.write_text(root / "report.html", "<p>")
+    written = sorted(p for p in root.rglob("*") if p.is_file())
+    assert {p.relative_to(root).as_posix() for p in written} >= {
+        "manifest.json", "catalogue.json", "samples/g.parquet", "cells/g.parquet", "logs/c.log", "bisect.json",
+        "report.html"}
+    assert {p.relative_to(root).as_posix(): oct(stat.S_IMODE(p.stat().st_mode)) for p in written} == \
+        {p.relative_to(root).as_posix(): "0o644" for p in written}
+
+
+def test_an_atomic_write_follows_a_stricter_umask(tmp_path: Path) -> None:
+    old = os.umask(0o077)
+    try:
+        files.write_text(tmp_path / "private.txt", "x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "private.txt").stat().st_mode) == 0o600

@@ -51,8 +51,10 @@ def test_against_an_older_run(demo_run: RunDir, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[0] == "run after against before (change = after − before)"
+    # The same matrix on both sides: no fixed setting differs, and every cell has its partner.
+    assert lines[1] == "  failure modes over the 12 matched cells only"
     # Appeared first, then vanished: the thinking budget and the silent whitespace came, the FSM bug went.
-    assert lines[1:4] == [
+    assert lines[2:5] == [
         "  mode appeared in after: finish_reason + no_whitespace_tail: 0/972 (0.0%) → 72/972 (7.4%)",
         ("  mode appeared in after: content_nonempty + finish_reason + reasoning_tokens_at_most: 0/240 (0.0%) → "
         "40/240 (16.7%)"),

@@ -211,9 +211,17 @@ def test_terminal_table_and_png_heatmap_in_history_order(demo_run: RunDir, tmp_p
                                       str(tmp_path / "h.png"), "--rows", "commit", "--cols",
                                       "spec_method,env.VLLM_USE_V2_MODEL_RUNNER"])
     assert result.exit_code == 0, result.output
-    firsts = [line.split("│")[1].strip() for line in result.output.splitlines() if line.startswith("│")]
-    commits = [c for c in dict.fromkeys(firsts) if c]
-    assert commits == ["v0.27.0", "v0.28.0~3", "v0.28.0", "main"]
+    assert result.output == f"heatmap: {tmp_path / 'h.png'}\n"  # the heatmap alone, no table first
+    result = CliRunner().invoke(app, ["report", "demo", "--runs-dir", str(demo_run.root.parent)])
+    lines = result.output.splitlines()
+    body = lines[next(i for i, line in enumerate(lines) if "━" in line) + 1:]
+    rows = [[p.strip() for p in line.split("│")] for line in body if "│" in line and line.split("│")[0].strip()]
+    failing = [r for r in rows if r[4] != "ok" or not r[5].startswith("0/")]
+    assert rows[:len(failing)] == failing  # failing cells first, then the others; each in history order
+    history = ["v0.27.0", "v0.28.0~3", "v0.28.0", "main"]
+    for block in (failing, rows[len(failing):]):
+        assert [r[0] for r in block] == sorted((r[0] for r in block), key=history.index)
+    assert [c for c in dict.fromkeys(r[0] for r in rows[len(failing):])] == history
     samples = analysis.load_samples(demo_run)
     order = report.commit_order(demo_run)
     pivot = report.failure_pivot(samples, ["commit"], ["spec_method"], commit_order=order)

@@ -405,7 +405,7 @@ def bisect_cells(subject: Subject, scope: BisectScope, options: BisectOptions, *
         with (executor or choose())(matrix) as ex:
             ex.preflight(matrix.spec.gpus_per_cell)
             k = options.parallel or max(1, ex.free_slots(matrix.spec.gpus_per_cell))
-            on_event(f"{k} server starts per round")
+            on_event(f"{k} server start{'' if k == 1 else 's'} per round")
             while True:
                 run.write_manifest(BisectManifest(
                     run_id=run.run_id, matrix_path=str(matrix.path), matrix=matrix.raw, good=good, bad=bad,

@@ -249,7 +249,8 @@ def render(summary: dict[str, Any]) -> str:
             out.append(f"  stopped at a limit with {cell['open']} open question(s): raise --max-samples")
         out.append(f"  {cell['probes']} probes, {cell['samples']} samples"
                    + (f", {len(cell['skipped'])} untestable commit(s)" if cell["skipped"] else ""))
-    out.append(f"{summary['range']['commits']} commits after good; {summary.get('server_starts', 0)} server starts in "
-               f"{summary.get('rounds', 0)} rounds, {summary.get('reused_samples', 0)} stored samples reused, "
+    starts, rounds = summary.get("server_starts", 0), summary.get("rounds", 0)
+    out.append(f"{summary['range']['commits']} commits after good; {starts} server start{'' if starts == 1 else 's'} in "
+               f"{rounds} round{'' if rounds == 1 else 's'}, {summary.get('reused_samples', 0)} stored samples reused, "
                f"{summary.get('gpu_seconds', 0.0):.0f} GPU-seconds")
     return "\n".join(out)
