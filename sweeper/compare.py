@@ -120,8 +120,8 @@ def _merge_suites(a: Suite | None, b: Suite | None) -> Suite | None:
     digest = hashlib.sha256((a.digest + b.digest).encode()).hexdigest()
     return dataclasses.replace(a, name=f"{a.name}+{b.name}", cases=tuple(cases.values()), digest=digest)
 
-# Two runs side by side: each of their parts is a pair (samples, cells, suite, name, fixed settings).
 
+# Two runs side by side: each of their parts is a pair (samples, cells, suite, name, fixed settings).
 def compare(samples_a: pd.DataFrame, cells_a: pd.DataFrame, samples_b: pd.DataFrame, cells_b: pd.DataFrame, *,  # noqa: PLR0913
             suite_a: Suite | None = None, suite_b: Suite | None = None, run_a: str = "A", run_b: str = "B",
             alpha: float = 0.05, fixed_a: Mapping[str, str] | None = None,
