@@ -112,6 +112,7 @@ def test_ambiguous_cell_is_a_clear_error(demo: tuple[Path, dict[str, Any]], tmp_
                    BisectOptions(runs_dir=tmp_path / "runs"))
 
 
+@pytest.mark.full  # a real `sweep bisect` on Ray, killed and resumed
 @pytest.mark.timeout(900)
 def test_interrupted_bisect_resumes_to_the_same_report(demo: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
     root, _ = demo

@@ -28,6 +28,9 @@ from objectstore import BUCKET, names, s3fs
 from sweeper import analysis
 from sweeper.store import RunDir
 
+# The full tier: several Ray nodes in namespaces.
+pytestmark = pytest.mark.full
+
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = "Glaiveai2K--generate_invoice_59ae297a.json"
 

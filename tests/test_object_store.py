@@ -22,6 +22,9 @@ import pytest
 from conftest import make_sim_repo
 from objectstore import BUCKET, names, s3fs
 
+# The full tier: a moto S3 server and a killed Ray run.
+pytestmark = pytest.mark.full
+
 pytest.importorskip("moto", reason="moto[server] (a dev extra) runs the local S3 endpoint")
 
 

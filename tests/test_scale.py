@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 
 from sweeper.replay import Request, run_replay
@@ -174,6 +175,7 @@ def _ray_scenario(mode: str) -> dict[str, Any]:
     return yaml.safe_load(out.strip().splitlines()[-1])
 
 
+@pytest.mark.full  # starts (and fails to start) real local Rays
 def test_a_failed_ray_start_is_retried_and_leaves_nothing_behind() -> None:
     """The first start fails after Ray's processes are up: the cluster cleans that attempt up and
     starts again; every slot then has a worker started before any job, and the jobs run on them."""
@@ -183,6 +185,7 @@ def test_a_failed_ray_start_is_retried_and_leaves_nothing_behind() -> None:
     assert out["dirs_left"] == [] and out["processes_left"] == []
 
 
+@pytest.mark.full  # starts (and fails to start) real local Rays
 def test_a_ray_that_never_starts_is_one_clear_error_and_leaves_nothing_behind() -> None:
     out = _ray_scenario("never")
     assert out["attempts"] == 3

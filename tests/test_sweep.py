@@ -151,6 +151,7 @@ def six_commits(tmp_path: Path, suite: Path) -> tuple[Path, Path, dict[str, str]
         {**os.environ, "RAY_ADDRESS": ""}
 
 
+@pytest.mark.full  # `sweep matrix` on Ray in a subprocess, stopped mid-run
 def test_resume_after_a_killed_run_gives_exactly_once_rows(tmp_path: Path, tiny_suite: Path) -> None:
     path, runs, env = six_commits(tmp_path, tiny_suite)
     proc = sweep_cli("matrix", str(path), "--runs-dir", str(runs), "--run-id", "r", "--gpus", "2", env=env)
@@ -179,6 +180,7 @@ def test_resume_after_a_killed_run_gives_exactly_once_rows(tmp_path: Path, tiny_
     assert not glob.glob(f"{cluster.RAY_TMP_PREFIX}{killed}-*")
 
 
+@pytest.mark.full  # `sweep matrix` on Ray in a subprocess, stopped mid-run
 def test_ctrl_c_stores_nothing_under_way_and_names_the_resume_command(tmp_path: Path, tiny_suite: Path) -> None:
     """Ctrl-C in a terminal: SIGINT to the whole foreground process group (the driver and its local
     Ray). The run keeps every finished group whole, no server is left, and the command it prints
