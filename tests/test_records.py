@@ -52,7 +52,7 @@ def test_a_version_1_sweep_manifest_reads(tmp_path: Path) -> None:
     assert m.commits == {"main": "2573dac8fae13a9876adb7250397cd0cae1410ab",
                          "v0.27.0": "0a9470d658c8fef16281f822cb5c8da805cb5349",
                          "v0.28.0": "dbe5343a2777cf9ac3e239a1d560d687af5d1c46"}
-    assert m.suite_path == ("/home/user/sweep/tiny.yaml",) and m.host == Host("vm", "0.1.0")
+    assert m.suite_path == ("/srv/sweep/tiny.yaml",) and m.host == Host("vm", "0.1.0")
     assert m.retried == (Retry("g-main-none", 1, "node died", "2026-12-01T22:47:04.306139+00:00"),)
     assert m.commit_order is None  # version 1 did not record it: readers keep the matrix's order
     assert report.commit_order(run) == ["main", "v0.27.0", "v0.28.0"]
@@ -67,7 +67,7 @@ def test_a_version_1_bisect_manifest_reads(tmp_path: Path) -> None:
     assert m.commits is not None and len(m.commits) == 3 and m.commits[0] == m.good_sha
     assert m.cells == ({"async_scheduling": None, "attention_backend": None, "num_speculative_tokens": 4,
                         "spec_method": "mtp"},)
-    assert m.repaired == Repair("2026-12-01T23:01:40.512003+00:00", "/home/user/sweep/m.yaml")
+    assert m.repaired == Repair("2026-12-01T23:01:40.512003+00:00", "/srv/sweep/m.yaml")
     assert report.commit_order(run) == list(m.commits)
 
 
