@@ -354,7 +354,6 @@ def test_explain_json_and_unwrapped_text_from_the_cli(demo_run: RunDir) -> None:
     from typer.testing import CliRunner
 
     from sweeper.cli import app
-    from sweeper.errors import SweepError
 
     runs = str(demo_run.root.parent)
     result = CliRunner().invoke(app, ["report", "demo", "--runs-dir", runs, "--explain", "--json"])
@@ -370,8 +369,10 @@ def test_explain_json_and_unwrapped_text_from_the_cli(demo_run: RunDir) -> None:
     readme = (Path(__file__).parent.parent / "runs" / "README.md").read_text()
     for key in ["schema_version", *budget, *budget["inside"], *budget["test"], *budget["dispersion"]]:
         assert f"`{key}`" in readme or f"`{key}[]`" in readme, key
-    bad = CliRunner().invoke(app, ["report", "demo", "--runs-dir", runs, "--json"])
-    assert isinstance(bad.exception, SweepError) and str(bad.exception) == "--json goes with --explain"
+    # Without --explain, --json is the run's cells (tests/test_report_output.py), not an explanation.
+    cells = CliRunner().invoke(app, ["report", "demo", "--runs-dir", runs, "--json"])
+    doc = json.loads(cells.stdout)
+    assert cells.exit_code == 0 and "modes" not in doc and len(doc["cells"]) == 48
     text = CliRunner().invoke(app, ["report", "demo", "--runs-dir", runs, "--explain"]).stdout
     line = next(x for x in text.splitlines() if "spec_method=mtp ∧ VLLM_USE_V2_MODEL_RUNNER=1 →" in x)
     assert line.startswith("  ") and line.endswith(")") and len(line) > 150

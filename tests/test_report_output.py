@@ -314,7 +314,7 @@ def test_the_demos_end_of_run_table_fits_100_columns(tmp_path: Path, terminal: b
 def test_a_bisect_of_one_start_a_round_says_so_in_the_singular(tmp_path: Path, tiny_suite: Path) -> None:
     from conftest import make_sim_repo
 
-    from sweeper.bisect.driver import run_bisect
+    from sweeper.bisect.driver import BisectOptions, BisectScope, run_bisect
     from sweeper.executor import choose
 
     crash = {"id": "engine-dead", "effect": "crash", "when": {"spec_method": ["mtp"]}, "after_requests": 1,
@@ -332,8 +332,8 @@ axes:
   num_speculative_tokens: [2]
 """)
     events: list[str] = []
-    outcome = run_bisect(matrix_path=tmp_path / "m.yaml", good="v0.27", bad="c1", where=["spec_method=mtp"],
-                         parallel=1, runs_dir=tmp_path / "runs", cache_dir=tmp_path / "cache",
+    outcome = run_bisect(BisectScope(good="v0.27", bad="c1", matrix_path=tmp_path / "m.yaml", where=["spec_method=mtp"]),
+                         BisectOptions(parallel=1, runs_dir=tmp_path / "runs", cache_dir=tmp_path / "cache"),
                          executor=choose("local"), on_event=events.append)
     assert "1 server start per round" in events
     assert outcome.summary["server_starts"] >= 1
