@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -66,6 +67,9 @@ from sweeper.store import (
     table,
 )
 from sweeper.suite import Suite, load_suites
+
+# A probe's group name: its number, then the commit (see Bisector._store).
+PROBE_NAME = re.compile(r"p(\d+)-")
 
 
 @dataclass(frozen=True)
@@ -147,7 +151,11 @@ class Bisector:
         self.case_checks = fm.case_checks(self.suite, self.labels)
         load_evidence(options.runs_dir, self.targets, self.suite, set(self.commits), self.labels, run.run_id)
         probes = analysis.load_table(run, "probes")
-        self.probe_no = len(set(probes.column("group_id").to_pylist())) if probes.num_rows else 0
+        # Numbered after every probe on disk: a run killed between a probe's results and its probe row
+        # keeps that start's results (they are evidence), and no new probe may take its name.
+        named = set(probes.column("group_id").to_pylist()) if probes.num_rows else set()
+        named |= run.done_groups()
+        self.probe_no = max((int(m.group(1)) for g in named if (m := PROBE_NAME.match(g))), default=0)
         self.round = int(pc.max(probes["round"]).as_py() or 0) if probes.num_rows else 0
         self.gpu_seconds = float(pc.sum(probes["gpu_seconds"]).as_py() or 0.0) if probes.num_rows else 0.0
 
