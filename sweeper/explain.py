@@ -344,7 +344,7 @@ def _necessary(c: _Conj, dims: Mapping[str, Sequence[str | None]], n: np.ndarray
                alpha: float, rho: float, scope: np.ndarray) -> bool:
     """Whether every term of `c` is needed: without it the conjunction (its parent) holds a part,
     the term false, that is credibly cleaner than `c` (the test `_too_broad` makes of the parent's
-    one-term refinements, at the parent's Bonferroni budget). A term that only rides along with a
+    one-term refinements, Bonferroni over those refinements). A term that only rides along with a
     few clean starts of the parent is not claimed: the smaller conjunction is, or nothing is."""
     if len(c.terms) < 2:
         return True  # a single term's parent is everything: whether it is needed is its significance
@@ -354,10 +354,10 @@ def _necessary(c: _Conj, dims: Mapping[str, Sequence[str | None]], n: np.ndarray
         part = parent.mask & ~c.mask
         if not (n[part].sum() > 0 and n[c.mask].sum() > 0):
             return False
-        # The parent's Bonferroni budget in `_too_broad`: its distinct one-term refinements and their complements.
-        tier = [m for *_, m in _refinements(parent, dims)]
-        tier = [m for m in tier + [parent.mask & ~m for m in tier] if 0 < n[m].sum() < n[parent.mask].sum()]
-        budget = max(1, len(np.unique(np.array(tier, dtype=bool), axis=0))) if tier else 1
+        # Bonferroni over the larger conjunctions the parent could give way to: its distinct one-term
+        # refinements (a term that rides along is claimed only if one of them passes by chance).
+        tier = [m for *_, m in _refinements(parent, dims) if 0 < n[m].sum() < n[parent.mask].sum()]
+        budget = len(np.unique(np.array(tier, dtype=bool), axis=0)) if tier else 1
         if _clean_p(part[None, :], parent.mask, n, k, rho)[0] >= alpha / budget:
             return False
     return True
