@@ -16,20 +16,27 @@ hung (`server_failed`, `crashed`, `timeout`) is a mode of its own, counted in se
 * **Candidates.** Every conjunction of at most `max_terms` (axis = level) terms on distinct axes,
   each tested with a one-sided Fisher exact test on those effective counts (more failures inside
   than outside); p-values are Holm-corrected over every conjunction tried.
-* **The explanation** is the smallest significant conjunction that (1) holds at least 95 % of the
-  mode's failures and (2) has no part that is credibly clean (effective counts at the dispersion
-  between starts of one cell; Bonferroni over the one-term refinements, and separately over the
-  finer parts: two more terms, a single cell, a single start): "mtp" alone is rejected when its V1
-  half never fails. A smaller conjunction that fits but is not significant (one of its starts clean
-  by chance makes the dispersion it needs high) gives way to a larger one that is. Ties go to the
-  smaller p-value. Conjunctions of that size that select exactly the same starts are its aliases:
-  the design cannot tell them apart, and the result is "not identifiable in this matrix" with each
-  of them listed. A mode with no fitting conjunction is unexplained; one whose best is not
-  significant after correction is "too few samples".
+* **The explanation** is the smallest conjunction that fits and is claimed. It fits when (1) it
+  holds at least 95 % of the mode's failures, (2) no part of it is credibly clean (effective counts
+  at the dispersion between starts of one cell; Bonferroni over the one-term refinements, and
+  separately over the finer parts: two more terms, a single cell, a single start): "mtp" alone is
+  rejected when its V1 half never fails, and (3) every term is needed: without it, the part with the
+  term false is credibly cleaner (Bonferroni over the refinements of the smaller conjunction), so a
+  larger conjunction is reached only through a clean part of the smaller one, never because the
+  smaller one fell short of significance. It is claimed when it is significant after Holm and each
+  of its one-term parts credibly fails more than the starts outside it (one-sided Fisher at alpha):
+  a conjunction a term short leaves a part at the background rate, and claiming it would name a
+  term too few. One that fits but is not claimed is "too few samples", with the parts that did not
+  credibly fail (more starts there tell). Ties go to the smaller p-value. Conjunctions of that size
+  that select exactly the same starts are its aliases: the design cannot tell them apart, and the
+  result is "not identifiable in this matrix" with each of them listed; larger ones selecting the
+  same starts are listed as refinements the design cannot tell from it. A mode with no fitting
+  conjunction is unexplained.
 
-Identical replays (the repeats of a case on one server) are not modelled apart: they are samples of
-their start, and how much a start's samples agree is what the dispersion learns (its grid reaches
-0.9, where a start of replays is worth about one draw per distinct request).
+**Identical replays** (a case sent again to the same server start) are weighed before the start's
+dispersion: their correlation beyond the start's rate is learned from how the replays of each
+request agree (`sweeper.overdispersion.replays`), and a request sent m times counts as
+m / (1 + (m - 1) rho) samples: m replays that repeat one outcome are about one draw.
 """
 
 from __future__ import annotations

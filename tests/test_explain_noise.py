@@ -287,7 +287,7 @@ def test_the_json_form(suite: Suite) -> None:
                            effective=_async_effective, commits=("c1", "c2"))
     samples = samples[~((samples["commit"] == "c2") & ~samples["passed"])]  # c2 is clean
     doc = json.loads(json.dumps(to_json(explain.explain(samples, cells, suite=suite, commit_order=["c1", "c2"]))))
-    assert doc["schema_version"] == 1 and doc["alpha"] == 0.01 and len(doc["modes"]) == 1
+    assert doc["schema_version"] == 2 and doc["alpha"] == 0.01 and len(doc["modes"]) == 1
     mode = doc["modes"][0]
     assert (mode["number"], mode["mode"], mode["verdict"], mode["unit"]) == (1, FSM_MODE, "explained", "samples")
     assert mode["conjunction"] == [{"axis": "async_scheduling", "name": "async_scheduling", "value": "true",
@@ -299,4 +299,5 @@ def test_the_json_form(suite: Suite) -> None:
     assert mode["test"]["p_adjusted"] < 0.01 and mode["test"]["tried"] > 0 and "Fisher" in mode["test"]["name"]
     assert mode["aliases"] == []
     assert mode["scope"] == {"commits": ["c1"], "clean_commits": [{"commit": "c2", "failed": 0, "n": 20}]}
-    assert set(mode["dispersion"]) == {"rho", "rho_high", "starts", "worth"}
+    assert set(mode["dispersion"]) == {"rho", "rho_high", "starts", "worth", "replay_rho"}
+    assert mode["unsure_parts"] == [] and mode["aliased_refinements"] == []
