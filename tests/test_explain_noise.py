@@ -118,6 +118,15 @@ def test_the_test_is_fisher_on_the_effective_counts(suite: Suite) -> None:
 
 
 
+def test_a_term_is_not_claimed_because_the_smaller_conjunction_fell_short(suite: Suite) -> None:
+    """mtp's starts on V2 disagree (12, 2, 10 of 20): at that dispersion its three nearly clean starts
+    on V1 (0, 1, 0) are what chance does, so V2 is no credible term. "mtp" alone is not significant
+    at the dispersion its two halves show; that is no reason to claim "mtp ∧ V2", whose own starts
+    happen to agree better with each other: too few samples."""
+    cells = grid(("mtp", "*"), {("mtp", "1"): [12, 2, 10], ("mtp", "0"): [0, 1, 0]}, [0, 0, 0])
+    m = only(explain.explain(*per_start(cells, 20), suite=suite))
+    assert (m.verdict, m.conjunction) == (Verdict.TOO_FEW, "spec_method=mtp")
+
 def _replay_suite(tmp_path: Path, cases: int) -> Suite:
     """A suite of `cases` JSON cases (json0, json1, ...) with the FSM checks."""
     body = "".join(f"""  - id: json{i}
