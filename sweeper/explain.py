@@ -365,7 +365,10 @@ def _necessary(c: _Conj, dims: Mapping[str, Sequence[str | None]], n: np.ndarray
         # refinements (a term that rides along is claimed only if one of them passes by chance).
         tier = [m for *_, m in _refinements(parent, dims) if 0 < n[m].sum() < n[parent.mask].sum()]
         budget = len(np.unique(np.array(tier, dtype=bool), axis=0)) if tier else 1
-        if _clean_p(part[None, :], parent.mask, n, k, rho)[0] >= alpha / budget:
+        # At the dispersion of this split (the term true or false inside the parent, each side its
+        # own rate), as the conjunction's own test reads its split.
+        split = float(od.dispersion(od.loglik(k, n), c.mask[None, :], parent.mask).mean[0])
+        if _clean_p(part[None, :], parent.mask, n, k, split)[0] >= alpha / budget:
             return False
     return True
 
