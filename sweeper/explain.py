@@ -366,8 +366,10 @@ def _necessary(c: _Conj, dims: Mapping[str, Sequence[str | None]], n: np.ndarray
         tier = [m for *_, m in _refinements(parent, dims) if 0 < n[m].sum() < n[parent.mask].sum()]
         budget = len(np.unique(np.array(tier, dtype=bool), axis=0)) if tier else 1
         # At the dispersion of this split (the term true or false inside the parent, each side its
-        # own rate), as the conjunction's own test reads its split.
-        split = float(od.dispersion(od.loglik(k, n), c.mask[None, :], parent.mask).mean[0])
+        # own rate): the one the data favour most, which is the prior's 0 where they cannot tell
+        # (cells of one start each that fail all or nothing), high where the starts disagree.
+        disp = od.dispersion(od.loglik(k, n), c.mask[None, :], parent.mask)
+        split = float(disp.mode[0]) if disp.mode is not None else float(disp.mean[0])
         if _clean_p(part[None, :], parent.mask, n, k, split)[0] >= alpha / budget:
             return False
     return True

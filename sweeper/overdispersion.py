@@ -35,6 +35,7 @@ class Dispersion:
 
     mean: FloatArray
     high: FloatArray
+    mode: FloatArray | None = None  # the rho of most posterior mass (0 where the data cannot tell, by the prior)
 
 
 def loglik(failures: npt.ArrayLike, samples: npt.ArrayLike) -> FloatArray:
@@ -61,7 +62,8 @@ def grouped(ll: FloatArray, groups: list[BoolArray]) -> Dispersion:
     post = np.exp(joint - logsumexp(joint, axis=1)[:, None])
     mean = post @ PRIOR.rhos
     high = np.max(np.where(post >= RHO_CREDIBLE, PRIOR.rhos[None, :], 0.0), axis=1)
-    return Dispersion(mean.astype(np.float64), high.astype(np.float64))
+    mode = PRIOR.rhos[np.argmax(post, axis=1)]
+    return Dispersion(mean.astype(np.float64), high.astype(np.float64), mode.astype(np.float64))
 
 
 def within_settings(ll: FloatArray, setting: npt.ArrayLike, within: BoolArray) -> Dispersion:
