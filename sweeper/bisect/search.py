@@ -31,19 +31,33 @@ How a round is chosen. Every mode names the commits it wants, each with a value:
 * inside a gap that may hold a change (P >= `explore`) and still has untested commits: evenly
   spaced commits, the first worth the gap's probability, the t-th worth 1/t of it (splitting a
   gap in t+1 parts shrinks it by less each time);
+* inside a gap whose ends share a rate but whose length leaves the prior at least `bump_explore`
+  on two changes inside it (a short bump: a regression and its fix): the same, worth that
+  probability;
 * for a gap already down to one testable commit whose change is still unsure: one more start on
   the side with fewer samples, worth min(P, 1 - P);
 * for a located change that the mixture over dispersions is sure of but some credible dispersion
   is not (`robust_dispersion`): one more start on the side with fewer starts.
+* for a mode with no change in view whose P(no change) is short of `confidence` (and above
+  1 - `confidence`): more samples at the ends, then at any probed commit. The search stops on
+  evidence, not when a change merely looks unlikely.
+Gaps inside a drift (`sweeper.bisect.drift`: a run of same-direction steps a ramp fits as well)
+want nothing: no commit there is the change.
 A commit's value is the sum over modes, so a commit that serves several searches wins; the round
 takes the K most valuable distinct commits. Each probe asks for the Wald sample count that tells
-the rates on either side of its gap apart at `confidence`, inflated for the learned per-start
-variation (a start of n samples is worth n / (1 + (n - 1) rho) independent ones) and capped.
+the rates on either side of its gap apart at `confidence`, planning for at least a `min_contrast`
+(1.3x) change where the data show none larger, and inflated for the learned per-start variation
+(a start of n samples is worth n / (1 + (n - 1) rho) independent ones) up to the count past which
+another server start is the cheaper way to buy information: GPU-seconds per independent sample,
+(start_s + n request_s)(1 + (n - 1) rho) / n, are least at n = sqrt(start_s (1 - rho) / (request_s
+rho)). Every located change needs two starts on each side, whatever the learned dispersion.
 
-The search is done when no mode wants anything, or the limits are reached (then the report is
-honest about what is undecided). The report lists every change (a gap more likely changed than
-not): its mode, direction, candidates, rates before and after, and its own confidence (the
-lowest the posterior gives it at any credible dispersion).
+The search is done when no mode wants anything, or the limits (`max_samples`, `max_rounds`,
+`max_gpu_s` of modelled GPU time) are reached; a mode is "decided" when P(no change) reached the
+confidence or every change is found, and otherwise reports an estimate of the samples (and the
+report of the GPU-seconds) still needed. The report lists every change (a gap more likely changed
+than not, outside drifts): its mode, direction, candidates, rates before and after, and its own
+confidence (the lowest the posterior gives it at any credible dispersion); and every drift.
 """
 
 from __future__ import annotations
