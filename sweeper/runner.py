@@ -321,7 +321,7 @@ def _run_group(job: GroupJob, base: _CellBase, cells: Sequence[Cell], log_path: 
     return result
 
 
-def _replay(job: GroupJob, rule: sequential.Rule | None, server: ServerProcess, api_key: str, *,  # noqa: PLR0913
+def _replay(job: GroupJob, rule: sequential.Rule | None, server: ServerProcess, api_key: str, *,
             requests: Sequence[tuple[Cell, Any, Request]], live: _LiveJudge, deadline: float | None,
             base: _CellBase) -> ReplayOutcome:
     """The group's replay: every request at once, or (adaptive) in rounds until each cell is settled."""
