@@ -218,12 +218,6 @@ class AdaptiveSpec(_Strict):
     width: Annotated[Number, pydantic.Field(gt=0, le=1)] | None = None
     round: Annotated[Count, pydantic.Field(ge=1, le=MAX_REPEATS)] = 8
 
-    @pydantic.model_validator(mode="after")
-    def _ordered(self) -> AdaptiveSpec:
-        if self.threshold >= self.detect:
-            raise ValueError(f"threshold ({self.threshold:g}) must be below detect ({self.detect:g})")
-        return self
-
 
 class MatrixFile(_Strict):
     """The file as written; validated field by field with positions for errors."""
@@ -666,6 +660,10 @@ def _check_settings(spec: MatrixFile, pos: Positions) -> None:
             raise pos.error(("request", name), problem)
     if isinstance(spec.design, str) and design_from_text(spec.design) is None:
         raise pos.error(("design",), f"{DESIGN_EXPECTED}, got {clip(spec.design)}")
+    rule = spec.adaptive_spec
+    if rule is not None and rule.threshold >= rule.detect:
+        raise pos.error(("adaptive", "threshold"), f"threshold ({rule.threshold:g}) must be below detect "
+                                                   f"({rule.detect:g})")
     repo = spec.install.repo
     histories: tuple[str, ...] = tuple(_kinds().Sim.HISTORIES)
     if repo is not None and repo.startswith("sim:") and repo[4:] not in ("", *histories):
