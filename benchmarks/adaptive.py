@@ -129,7 +129,7 @@ def matrix8(rule: Rule, seed: int) -> None:
             conj = tuple((a, rng.randrange(LEVELS[a])) for a in sorted(picked))
             cases = rng.sample([c for c, _ in SUITE], rng.randint(2, 10))
             planted.append((conj, rng.uniform(0.15, 0.6), cases, rng.random() < 0.5))
-    agree = whole_req = adaptive_req = 0
+    agree = whole_req = adaptive_req = again = 0
     cells = 0
     disagree: list[str] = []
     failing_cells = 0
@@ -142,6 +142,7 @@ def matrix8(rule: Rule, seed: int) -> None:
                     rates[c] = 1 - (1 - rates.get(c, 0.0)) * (1 - min(1.0, r))
         samples = outcomes(rng, SimCell(rates), seed=i)
         whole, adaptive, sent, stop = verdicts(rule, samples)
+        again += any(outcomes(rng, SimCell(rates), seed=i)) == whole  # a second whole replay of this start
         cells += 1
         failing_cells += whole
         agree += whole == adaptive
@@ -155,6 +156,7 @@ def matrix8(rule: Rule, seed: int) -> None:
     print("| measure | value |\n|---|---|")
     print(f"| cells failing in the whole replay | {failing_cells:,} |")
     print(f"| per-cell verdict as the whole replay's | {agree:,} / {cells:,} = {agree / cells:.2%} |")
+    print(f"| for reference: a second whole replay of the same start agrees | {again / cells:.2%} |")
     print(f"| requests, whole / adaptive | {whole_req:,} / {adaptive_req:,} ({1 - adaptive_req / whole_req:.0%} fewer) |")
     for line in disagree[:5]:
         print(f"\n- differs: {line}")
@@ -196,12 +198,16 @@ def main() -> None:
     ap.add_argument("--compare", nargs=3, metavar=("RUNS_DIR", "WHOLE", "ADAPTIVE"))
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--confidence", type=float, default=0.95)
+    ap.add_argument("--threshold", type=float, default=0.01)
+    ap.add_argument("--detect", type=float, default=0.10)
+    ap.add_argument("--seeds", type=int, default=1, help="--matrix8: this many histories, seeds from --seed")
     args = ap.parse_args()
-    rule = Rule(confidence=args.confidence)
+    rule = Rule(threshold=args.threshold, detect=args.detect, confidence=args.confidence)
     if args.cells:
         error_rates(rule, args.cells, args.seed)
     if args.matrix8:
-        matrix8(rule, args.seed)
+        for seed in range(args.seed, args.seed + args.seeds):
+            matrix8(rule, seed)
     if args.compare:
         compare(*args.compare)
     if not (args.cells or args.matrix8 or args.compare):

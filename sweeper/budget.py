@@ -1,7 +1,7 @@
 """A GPU-hour budget: which of a plan's servers fit into it, by the cost model. Pure.
 
-Servers are taken one at a time, each time the one that adds the most pairs of server-axis values
-not yet held per modelled GPU-second (its start, its cells' requests, and the install of its commit
+Servers are taken one at a time, each time the one that adds the most server-axis values and pairs of
+values not yet held per modelled GPU-second (its start, its cells' requests, and the install of its commit
 when no server taken so far needs it), until the next would pass the budget; so what fits is spread
 over the axes rather than the first servers of the list, and a commit's install is paid for only
 when enough of its servers fit. What is left is reported as untested. Samples fit through the
@@ -35,10 +35,14 @@ def fit(groups: Sequence[ServerGroup], profile: Profile, *, requests_per_cell: i
     if not groups:
         return Fit((), (), 0.0, budget_s)
     axes = server_axes([c for g in groups for c in g.cells])
-    pairs = _encoded(groups, axes, min(2, len(axes))) if axes else [frozenset() for _ in groups]
+    # What a server holds: its single values and its pairs of values (each tagged with its strength).
+    pairs: list[frozenset[tuple[int, int]]] = [frozenset() for _ in groups]
+    for strength in range(1, min(2, len(axes)) + 1):
+        codes = _encoded(groups, axes, strength)
+        pairs = [held | {(strength, c) for c in mine} for held, mine in zip(pairs, codes, strict=True)]
     own = [gpus * (profile.start_s + len(g.cells) * requests_per_cell * profile.request_s) for g in groups]
     install = gpus * profile.install_s if installs else 0.0
-    held: set[int] = set()
+    held: set[tuple[int, int]] = set()
     commits: set[str] = set()
     taken: list[int] = []
     spent = 0.0

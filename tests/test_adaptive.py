@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import make_sim_repo, run_cli
 
-from sweeper import analysis, cost
+from sweeper import analysis, budget, cost
 from sweeper.errors import ConfigError
 from sweeper.executor import choose as executor
 from sweeper.matrix import load_matrix
@@ -141,9 +141,6 @@ def test_a_budget_runs_what_fits_and_the_report_says_what_it_left(tmp_path: Path
     plan = make_plan(path, tmp_path / "runs", budget_hours=500 / 3600)
     assert plan.budget is not None and len(plan.groups) == 2 and len(plan.budget.left) == 2
     assert plan.budget.modelled_s == 440 and plan.estimate().gpu_seconds == 440
-    # The two kept servers differ in both server axes: the pairs of values they hold are spread.
-    assert {(g.head.commit, g.head.spec_method) for g in plan.groups} in (
-        {("good", "none"), ("flaky", "mtp")}, {("good", "mtp"), ("flaky", "none")})
     adaptive = make_plan(path, tmp_path / "runs", budget_hours=500 / 3600, adaptive=True)
     assert adaptive.budget is not None and len(adaptive.groups) == 3  # 100 + 2 x 32 s each
 
@@ -171,6 +168,29 @@ def test_a_budget_runs_what_fits_and_the_report_says_what_it_left(tmp_path: Path
 
     code, _, err = run_cli(["matrix", str(path), "--dry-run", "--budget", "0"], capsys)
     assert code == 1 and "--budget: expected a number of GPU-hours above 0, got 0" in err
+
+
+def test_a_budget_spreads_the_servers_it_fits_over_the_axes(tmp_path: Path, tiny_suite: Path) -> None:
+    path = tmp_path / "m.yaml"
+    path.write_text(f"""model: m
+suite: {tiny_suite}
+install: {{kind: sim, repo: "sim:demo"}}
+cost: {{install_s: 0, start_s: 10, request_s: 0}}
+axes:
+  env.A: ["0", "1", "2"]
+  env.B: ["0", "1", "2"]
+""")
+    groups = load_matrix(path).groups()
+    profile = cost.profile_for(load_matrix(path).spec, cost.stated("sim", (0.0, 0.0, 0.0)))
+    fit = budget.fit(groups, profile, requests_per_cell=6, gpus=1, installs=True, budget_s=30)
+    assert len(fit.kept) == 3 and len(fit.left) == 6 and fit.modelled_s == 30
+    # Three servers hold every value of both axes once: each taken for the most new pairs of values.
+    for axis in ("A", "B"):
+        assert sorted(g.head.env[axis] for g in fit.kept) == ["0", "1", "2"]
+    # An install per commit counts with its commit's first server only.
+    assert budget.fit(groups, cost.Profile(100, 10, 0, "t"), requests_per_cell=1, gpus=2, installs=True,
+                      budget_s=2 * (100 + 10 * 3)).kept.__len__() == 3
+    assert budget.fit(groups, profile, requests_per_cell=6, gpus=1, installs=True, budget_s=5).kept == ()
 
 
 def test_the_thor_dry_run_shows_the_covering_adaptive_phase_next_to_the_full_product(
