@@ -5,10 +5,10 @@ After a phase, every failure mode's explanation (`sweeper.explain`) is read as a
 conjunctions: the one it names and, where the design could not tell them apart, its aliases. A
 candidate is settled by two kinds of servers, on the commits that show the mode:
 
-* **held, the rest varied**: servers where every term of the candidate holds (at least `starts` of
-  them), and among them every value of every other server axis at least once. A candidate too broad
-  (the truth needs one more term) then has a clean corner, an alias that is not the truth fails
-  where it does not hold, and a flaky mode gets more than one start to show itself.
+* **held, the rest varied**: servers where every term of the candidate holds, and among them every
+  value of every other server axis on at least `starts` of them. A candidate too broad (the truth
+  needs one more term) then has a clean corner of more than one start, an alias that is not the
+  truth fails where it does not hold, and a flaky mode gets more than one start to show itself.
 * **each part alone**: for each term, at least `starts` servers where the other terms hold and this
   one does not. A candidate too narrow (a term it does not need) then fails outside itself.
 
@@ -130,7 +130,7 @@ def needs(candidate: Candidate, groups: Sequence[ServerGroup], starts: int = STA
     holding = [levels_of(g) for g in groups if _meets(levels_of(g), terms, (), scope)]
     for axis in sorted(axes - used):
         for value in sorted({str(lv.get(axis)) for lv in holding if lv.get(axis) is not None}):
-            add((name, "held", axis, value), (*terms, (axis, value)), (), 1)
+            add((name, "held", axis, value), (*terms, (axis, value)), (), starts)
     for i, term in enumerate(terms):
         rest = terms[:i] + terms[i + 1:]
         add((name, "without", *term), rest, (term,), starts)
