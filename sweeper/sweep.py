@@ -19,11 +19,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pandas as pd
+
 from sweeper import analysis, cost, design, gitrepo, zoom
 from sweeper.errors import ConfigError, GitError, Interrupted, StoreError, SweepError
 from sweeper.executor import Executor, ExecutorFactory, choose
 from sweeper.explain import explain
 from sweeper.install import kind_of
+from sweeper.levels import axes_map, units
 from sweeper.matrix import DesignSpec, Matrix, MatrixFile, ServerGroup, canonical, load_matrix, short_hash
 from sweeper.portable import RepoSource, portable_spec, repo_source
 from sweeper.records import CostRecord, DesignRecord, PhaseRecord, SweepManifest, commit_axis, phases_of
@@ -109,7 +112,7 @@ class ZoomOptions:
     """How a covering run zooms after its design phase (`sweeper.zoom`)."""
 
     enabled: bool = True
-    max_phases: int = 6  # zoom phases after the design, at most
+    max_phases: int = 8  # zoom phases after the design, at most
     starts: int = zoom.STARTS
     alpha: float = 0.01  # explain's level: a mode is identified at 1 - alpha
     # The budget's hook: given the next phase's servers, most informative first, the ones to run
@@ -298,10 +301,12 @@ def _zoom(plan: Plan, run: RunDir, ex: Executor, outcome: RunOutcome, options: Z
     seed = plan.design.spec.seed
     why = "every failure mode settled"
     while True:
-        found = explain(analysis.load_samples(run), analysis.load_cells(run), suite=plan.suite,
-                        commit_order=plan.commit_order, alpha=options.alpha)
+        cells = analysis.load_cells(run)
+        found = explain(analysis.load_samples(run), cells, suite=plan.suite, commit_order=plan.commit_order,
+                        alpha=options.alpha)
+        depth = sum(1 for p in outcome.phases if p.kind == "zoom")
         step = zoom.step(found.modes, groups, run.done_groups(), seed=seed + len(outcome.phases),
-                         starts=options.starts)
+                         starts=options.starts, depth=depth, observed=ran_levels(cells))
         outcome.zoom = step
         if step.done:
             if any(m.status is zoom.Status.EXHAUSTED for m in step.modes):
@@ -326,6 +331,22 @@ def _zoom(plan: Plan, run: RunDir, ex: Executor, outcome: RunOutcome, options: Z
         _run_jobs(ex, run, jobs_for(plan, run, cache_dir, chosen), outcome, on_group)
     outcome.zoom_summary = zoom_summary(outcome.zoom, why)
     _record_phases(run, outcome.phases, outcome.zoom_summary)
+
+
+def ran_levels(cells: pd.DataFrame) -> dict[str, dict[str, str | None]]:
+    """Per group run, the levels that ran where they differ from what its cells asked for."""
+    if cells.empty or "axes" not in cells.columns:
+        return {}
+    rows = cells.drop_duplicates("group_id").to_dict("records")
+    keys = [(str(r["cell_id"]), str(r["group_id"])) for r in rows]
+    table = units(keys, {str(r["cell_id"]): axes_map(r["axes"]) for r in rows},
+                  {str(r["cell_id"]): str(r.get("commit")) for r in rows}, {str(r["cell_id"]): r for r in rows})
+    out: dict[str, dict[str, str | None]] = {}
+    for i, (_, gid) in enumerate(keys):
+        moved = {d: table.dims[d][i] for d, subs in table.substituted.items() if subs[i]}
+        if moved:
+            out[gid] = moved
+    return out
 
 
 def zoom_summary(step: zoom.Step | None, why: str) -> str:

@@ -12,15 +12,18 @@ candidate is settled by two kinds of servers, on the commits that show the mode:
 * **each part alone**: for each term, at least `starts` servers where the other terms hold and this
   one does not. A candidate too narrow (a term it does not need) then fails outside itself.
 
-Servers already run count towards these needs; the next phase is a greedy cover of what is left
+Where explain cannot settle a mode yet (its best conjunction is not significant, or has aliases),
+each phase asks one more start per need. Servers already run count towards these needs (at the
+levels that ran on them); the next phase is a greedy cover of what is left
 (the server meeting most unmet needs first, ties broken by a seeded shuffle), so cutting a phase
 short (a budget) keeps its most informative servers. A mode is **identified** once explain names one
 conjunction without aliases, significant at its level, and every need of that conjunction is met;
 it is **unexplained** (or fails in every setting) when explain finds no candidate; otherwise it is
 still open, and open with nothing left to run once no server of the matrix meets a need.
 
-Terms are read on requested values: a server not yet run has no effective configuration, and the
-zoom runs the servers that ask for a value. Terms on request axes hold on every server (each server
+Terms are read on the levels that ran where a server has run; a server not yet run is read on what
+it asks for, except where a run server asking alike fell back silently to another value (the
+nearest such server's fallback is assumed). Terms on request axes hold on every server (each server
 runs all of its request cells), and terms on effective settings no axis asks for (" (effective)")
 cannot be asked for: both are left out of the choice (explain reads them from what ran).
 """
@@ -96,6 +99,31 @@ def levels_of(group: ServerGroup) -> dict[str, str | None]:
     return {axis: level(values, axis) for axis in values if not axis.startswith("request.")}
 
 
+def predicted(requested: Mapping[str, Mapping[str, str | None]], ran: set[str],
+              observed: Mapping[str, Mapping[str, str | None]]) -> dict[str, dict[str, str | None]]:
+    """Each server's levels: what ran, for those run; for the others, what they ask for, except on
+    an axis where a run server asking for the same value ran another (a silent fallback): there,
+    what ran on the run server that asks most alike."""
+    out = {gid: dict(lv) for gid, lv in requested.items()}
+    for gid, seen in observed.items():
+        if gid in out:
+            out[gid].update(seen)
+    moved = {a for seen in observed.values() for a in seen}
+    if not moved:
+        return out
+    done = [g for g in requested if g in ran]
+    for gid, asked in requested.items():
+        if gid in ran:
+            continue
+        for axis in moved:
+            alike = [g for g in done if requested[g].get(axis) == asked.get(axis)]
+            if not alike:
+                continue
+            nearest = max(alike, key=lambda g: sum(requested[g].get(a) == v for a, v in asked.items()))
+            out[gid][axis] = out[nearest].get(axis)
+    return out
+
+
 def _choosable(terms: Terms, axes: Iterable[str]) -> Terms:
     known = set(axes)
     return tuple((a, v) for a, v in terms
@@ -144,12 +172,15 @@ def _meets(levels: Mapping[str, str | None], hold: Terms, off: Terms, commits: S
 
 
 def step(explained: Sequence[ModeExplanation], groups: Sequence[ServerGroup], ran: Iterable[str], *,
-         seed: int = 0, starts: int = STARTS) -> Step:
+         seed: int = 0, starts: int = STARTS, depth: int = 0,
+         observed: Mapping[str, Mapping[str, str | None]] | None = None) -> Step:
     """The next phase's servers, from the modes explained so far. `groups`: every server of the
-    matrix; `ran`: the group ids already run (every phase)."""
+    matrix; `ran`: the group ids already run (every phase); `depth`: zoom phases run so far (a mode
+    explain cannot yet settle asks for `starts + depth` servers per need); `observed`: the levels
+    that ran on servers already run, by group id, where they differ from what was asked."""
     done = set(ran)
     by_id = {g.group_id: g for g in groups}
-    levels = {g.group_id: levels_of(g) for g in groups}
+    levels = predicted({g.group_id: levels_of(g) for g in groups}, done, observed or {})
     run_ids = [gid for gid in by_id if gid in done]
     todo = [gid for gid in by_id if gid not in done]
     demand: dict[Need, int] = {}
@@ -158,8 +189,10 @@ def step(explained: Sequence[ModeExplanation], groups: Sequence[ServerGroup], ra
     for mode in explained:
         cands = candidates(mode)
         keys: list[Need] = []
+        # Evidence too weak to settle (too few starts, or aliases): more starts per need each phase.
+        per = starts if mode.verdict is Verdict.EXPLAINED else starts + depth
         for cand in cands:
-            got = needs(cand, groups, starts)
+            got = needs(cand, groups, per)
             for key, count in got.demand.items():
                 hold, off, scope = got.tests[key]
                 met = sum(1 for gid in run_ids if _meets(levels[gid], hold, off, scope))
@@ -187,8 +220,8 @@ def step(explained: Sequence[ModeExplanation], groups: Sequence[ServerGroup], ra
     for mode, cands, keys in states:
         if not cands:
             status = Status.EVERYWHERE if mode.verdict is Verdict.EVERYWHERE else Status.UNEXPLAINED
-        elif mode.verdict is Verdict.EXPLAINED and not keys:
-            status = Status.IDENTIFIED
+        elif mode.verdict is Verdict.EXPLAINED and not any(k in reachable for k in keys):
+            status = Status.IDENTIFIED  # every need met that a server of the matrix can meet
         elif any(k in reachable for k in keys):
             status = Status.OPEN
         else:
