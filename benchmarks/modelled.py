@@ -14,6 +14,7 @@ servers instead (the local executor), to check this model against it.
 
 from __future__ import annotations
 
+import functools
 import random
 import zlib
 from collections.abc import Iterator, Sequence
@@ -39,6 +40,13 @@ TRAITS = {
 NAMES = {"serve.--dtype": "dtype", "serve.--enforce-eager": "enforce_eager", "serve.--reasoning-parser":
          "reasoning_parser", "serve.--tool-call-parser": "tool_call_parser",
          "env.VLLM_ENFORCE_STRICT_TOOL_CALLING": "strict_tool_calling"}
+
+
+@functools.cache
+def _bugs(repo: str) -> list[dict[str, Any]]:
+    """The bugs the repository's one commit declares (its sim.yaml, as the simulator reads it)."""
+    bugs: list[dict[str, Any]] = (yaml.safe_load((Path(repo) / "sim.yaml").read_text()) or {}).get("bugs", [])
+    return bugs
 
 
 def traits(cell: Cell) -> dict[str, Any]:
@@ -89,8 +97,7 @@ class Modelled:
             yield job, self._one(job)
 
     def _one(self, job: GroupJob) -> GroupResult:
-        repo = Path(str(job.spec.install.repo))
-        bugs = (yaml.safe_load((repo / "sim.yaml").read_text()) or {}).get("bugs", [])
+        bugs = _bugs(str(job.spec.install.repo))
         head = job.group.head
         got = traits(head)
         self.starts += 1

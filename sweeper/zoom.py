@@ -12,6 +12,10 @@ candidate is settled by two kinds of servers, on the commits that show the mode:
 * **each part alone**: for each term, at least `starts` servers where the other terms hold and this
   one does not. A candidate too narrow (a term it does not need) then fails outside itself.
 
+Where explain's best conjunction is not significant yet, each refinement of it by one more term
+that every failing cell shares is a candidate too: a conjunction too broad for its evidence (one
+term of a three-term bug) zooms towards its failing corner instead of only adding starts across it.
+
 Where explain cannot settle a mode yet (its best conjunction is not significant, or has aliases),
 each phase asks one more start per need. Servers already run count towards these needs (at the
 levels that ran on them); the next phase is a greedy cover of what is left
@@ -39,6 +43,7 @@ from sweeper.explain import ModeExplanation, Verdict
 from sweeper.levels import COMMIT, EFFECTIVE_SUFFIX, level
 from sweeper.matrix import ServerGroup
 
+MAX_TERMS = 3  # explain's largest conjunction
 STARTS = 2  # servers per need: a flaky mode shows in one start of two where one alone may miss it
 
 
@@ -85,12 +90,21 @@ class Step:
         return not self.groups
 
 
-def candidates(mode: ModeExplanation) -> tuple[Candidate, ...]:
-    """The conjunctions a mode's explanation leaves in play: its own and its aliases."""
+def candidates(mode: ModeExplanation, levels: Mapping[str, Mapping[str, str | None]] | None = None,
+               max_terms: int = MAX_TERMS) -> tuple[Candidate, ...]:
+    """The conjunctions a mode's explanation leaves in play: its own and its aliases; where its
+    evidence is too weak to be significant, also each one-term refinement on a value every failing
+    cell shares (`levels`: each cell's levels, by cell id), as a too-broad conjunction's true corner."""
     if mode.verdict in (Verdict.UNEXPLAINED, Verdict.EVERYWHERE) or not mode.terms:
         return ()
-    named = [mode.terms, *mode.alternatives]
-    return tuple(Candidate(mode.mode, tuple((t.axis, t.value) for t in terms), mode.commits) for terms in named)
+    named: list[Terms] = [tuple((t.axis, t.value) for t in terms) for terms in (mode.terms, *mode.alternatives)]
+    failing = [levels[c] for c, _ in mode.failing_cells if levels and c in levels]
+    if mode.verdict is Verdict.TOO_FEW and failing and len(named[0]) < max_terms:
+        used = {a for a, _ in named[0]}
+        shared = sorted((a, v) for a, v in failing[0].items() if a not in used and a != COMMIT and v is not None
+                        and all(f.get(a) == v for f in failing[1:]))
+        named += [(*named[0], term) for term in shared]
+    return tuple(Candidate(mode.mode, terms, mode.commits) for terms in named)
 
 
 def levels_of(group: ServerGroup) -> dict[str, str | None]:
@@ -186,8 +200,9 @@ def step(explained: Sequence[ModeExplanation], groups: Sequence[ServerGroup], ra
     demand: dict[Need, int] = {}
     tests: dict[Need, tuple[Terms, Terms, tuple[str, ...]]] = {}
     states: list[tuple[ModeExplanation, tuple[Candidate, ...], list[Need]]] = []
+    by_cell = {c.cell_id: levels[g.group_id] for g in groups for c in g.cells}
     for mode in explained:
-        cands = candidates(mode)
+        cands = candidates(mode, by_cell)
         keys: list[Need] = []
         # Evidence too weak to settle (too few starts, or aliases): more starts per need each phase.
         per = starts if mode.verdict is Verdict.EXPLAINED else starts + depth
