@@ -156,3 +156,19 @@ def test_the_choice_is_seeded_and_most_informative_first(tmp_path: Path) -> None
     assert holds(first, [("env.A", "a1")], ["c1"]) or holds(first, [("env.B", "b0"), ("env.C", "c0")], ["c1"])
     assert Candidate("m", (("env.A", "a1"),), ("c1",)).__str__() == "m: env.A=a1"
     assert levels_of(first)["commit"] == "c1"
+
+
+def test_a_conjunction_too_weak_to_be_significant_zooms_on_its_failing_corner(tmp_path: Path) -> None:
+    """One term of a three-term bug: the servers that failed share two more values, and each of
+    those refinements is a candidate whose corner the next phase runs."""
+    groups = matrix(tmp_path).groups()
+    corner = [g for g in groups if holds(g, [("env.A", "a1"), ("env.B", "b0"), ("env.C", "c0")], ["c1"])]
+    weak = mode(Verdict.TOO_FEW, [("env.A", "a1")])
+    weak = ModeExplanation(**{**weak.__dict__, "failing_cells": tuple((c.cell_id, Count(2, 3))
+                                                                      for g in corner for c in g.cells)})
+    got = step([weak], groups, {g.group_id for g in corner})
+    terms = [c.terms for c in got.modes[0].candidates]
+    assert terms == [(("env.A", "a1"),), (("env.A", "a1"), ("env.B", "b0")), (("env.A", "a1"), ("env.C", "c0"))]
+    ran = {g.group_id for g in corner} | {g.group_id for g in got.groups}
+    for candidate in terms:
+        check_settled(groups, ran, candidate, ["c1"], 2)
