@@ -90,12 +90,18 @@ def matrix_cmd(
     no_zoom: Annotated[bool, typer.Option("--no-zoom", help="With a covering design: stop after it, without the zoom "
                                                             "phases that tell each failure mode's candidate "
                                                             "conjunctions apart.")] = False,
+    adaptive: Annotated[bool, typer.Option("--adaptive", help="Replay each cell's suite in rounds and stop it once its "
+                                                              "verdict is settled (the matrix's adaptive key, else "
+                                                              "clean below 10 %, failing above 1 %, at 95 %).")] = False,
+    budget: Annotated[float | None, typer.Option("--budget", metavar="GPU_HOURS",
+                                                 help="Run only the servers that fit into this many GPU-hours by "
+                                                      "the cost model; the rest is reported untested.")] = None,
 ) -> None:
     """Expand a matrix, run every cell against a real server, store one Parquet row per request.
 
     Example: sweep matrix matrices/demo.yaml --dry-run
     """
-    from sweeper import preview, report, sweep
+    from sweeper import preview, report, spend, sweep
     from sweeper.analysis import load_cells
     from sweeper.errors import ConfigError
     from sweeper.executor import choose
@@ -105,9 +111,11 @@ def matrix_cmd(
     design_spec = design_from_text(design) if design is not None else None
     if design is not None and design_spec is None:
         raise ConfigError(f"{DESIGN_EXPECTED}, got {design!r}", key="--design")
+    wants_adaptive = True if adaptive else None  # without the flag: the matrix's adaptive key
     if dry_run:
-        plan = sweep.make_plan(file, runs_dir, resolve=False, design_spec=design_spec)
-        out.print(f"[bold]{plan.matrix.name}[/bold]: {plan.n_cells} cells on {len(plan.groups)} servers, "
+        plan = sweep.make_plan(file, runs_dir, resolve=False, design_spec=design_spec, adaptive=wants_adaptive,
+                               budget_hours=budget)
+        out.print(f"[bold]{plan.matrix.name}[/bold]: {len(plan.cells)} cells on {len(plan.groups)} servers, "
                   f"{plan.requests_per_cell()} requests per cell (suite {plan.suite.name})")
         for i, (server, cells) in enumerate(preview.plan_text(plan), 1):
             out.print(f"server {i}: {server}", markup=False, highlight=False)
@@ -139,6 +147,7 @@ def matrix_cmd(
         outcome = sweep.run_matrix(file, runs_dir=runs_dir, run_id=run_id, resume=resume,
                                    executor=choose(executor, address=address, gpus=gpus), cache_dir=cache_dir,
                                    on_group=on_group, on_plan=on_plan, design_spec=design_spec,
+                                   adaptive=wants_adaptive, budget_hours=budget,
                                    zoom_options=sweep.ZoomOptions(enabled=not no_zoom, on_phase=on_phase))
     except Interrupted as exc:
         raise exc.with_resume(resume_command("matrix", str(file), runs_dir=runs_dir, run_id=exc.run_id)) from None
@@ -150,6 +159,8 @@ def matrix_cmd(
     cells = load_cells(outcome.run)
     out.print(report.cells_table(cells, title=f"run {outcome.run.run_id}", orders=report.run_orders(outcome.run, cells),
                                  width=out.width))
+    for line in spend.run_notes(outcome.run):
+        out.print(line, markup=False, highlight=False)
     if outcome.skipped:
         out.print(f"{len(outcome.skipped)} server groups already had results and were not run again.")
     if len(outcome.phases) > 1 or outcome.zoom_summary:
@@ -237,8 +248,12 @@ def report_cmd(
             out.print(line, markup=False, highlight=False)
         out.print(compare.table(result))
     if not own:
+        from sweeper import spend
+
         out.print(report.cells_table(cells, title=f"run {run.run_id}", orders=orders,
                                      limit=None if all_cells else report.TABLE_ROWS, width=out.width))
+        for line in spend.run_notes(run):
+            out.print(line, markup=False, highlight=False)
     if explain:
         from sweeper.explain import render as render_explanation
 

@@ -8,7 +8,10 @@ and `from_json` here; every other module sees a `SweepManifest` or a `BisectMani
   order, learnt from the repository when the run was planned; absent from version 1);
 - 3: a sweep's `design` (which cells of the product it runs) and `cost` (the GPU-time profile it
   was planned with), both optional: a manifest without them ran the full product;
-- 4: a sweep's `phases` (each batch of servers it started: the design, then each zoom phase, with
+- 4: a sweep's `adaptive` (the stopping rule of its cells) and `budget` (the GPU-hours it was given
+  and the servers that did not fit), both optional: without them every cell replays its whole suite
+  and every server of the design runs;
+- 5: a sweep's `phases` (each batch of servers it started: the design, then each zoom phase, with
   the server groups it ran and why) and `zoom` (how the zoom ended). A manifest of an earlier version
   ran one phase, its design: `phases_of` reads it so.
 
@@ -26,7 +29,7 @@ from typing import Any
 
 from sweeper.errors import RecordError, StoreError, clip
 
-VERSION = 4
+VERSION = 5
 # Keys every version has written beside the record's own fields.
 _FRAME = ("kind", "schema_version", "manifest_version")
 
@@ -81,6 +84,30 @@ class CostRecord:
 
 
 @dataclass(frozen=True)
+class AdaptiveRecord:
+    """The stopping rule of an adaptive sweep's cells (`sweeper.sequential.Rule`)."""
+
+    threshold: float
+    detect: float
+    confidence: float
+    round: int
+    width: float | None = None
+
+
+@dataclass(frozen=True)
+class BudgetRecord:
+    """`--budget`: the GPU-hours given, what the kept servers model, and the servers left untested."""
+
+    gpu_hours: float
+    modelled_hours: float
+    servers: int
+    cells: int
+    left_servers: int
+    left_cells: int
+    left_groups: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class PhaseRecord:
     """One batch of servers a sweep started: its design (phase 1) or a zoom (`sweeper.zoom`)."""
 
@@ -114,7 +141,9 @@ class SweepManifest:
     repaired: Repair | None = None
     design: DesignRecord | None = None  # None: the full product (every manifest before version 3)
     cost: CostRecord | None = None
-    phases: tuple[PhaseRecord, ...] = ()  # empty before version 4: one phase, the design (`phases_of`)
+    adaptive: AdaptiveRecord | None = None  # None: whole suites (every manifest before version 4)
+    budget: BudgetRecord | None = None
+    phases: tuple[PhaseRecord, ...] = ()  # empty before version 5: one phase, the design (`phases_of`)
     zoom: str | None = None  # how the zoom ended, per mode; None: no zoom (or not ended yet)
 
     kind = "matrix"
@@ -176,14 +205,14 @@ def to_json(manifest: Manifest) -> dict[str, Any]:
     out: dict[str, Any] = {"kind": manifest.kind, "manifest_version": VERSION}
     for name in _fields(type(manifest)):
         value = getattr(manifest, name)
-        if name in ("retried", "repaired", "design", "cost", "phases", "zoom") and not value:
+        if name in ("retried", "repaired", "design", "cost", "adaptive", "budget", "phases", "zoom") and not value:
             continue  # written only once something was retried or repaired (or designed), as before
         out[name] = _plain(value)
     return out
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, (Host, Retry, Repair, DesignRecord, CostRecord, PhaseRecord)):
+    if isinstance(value, (Host, Retry, Repair, DesignRecord, CostRecord, AdaptiveRecord, BudgetRecord, PhaseRecord)):
         # An optional part left out rather than null: a bisect's repair never had `checked_against`.
         return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)
                 if getattr(value, f.name) is not None or f.default is dataclasses.MISSING}
@@ -286,10 +315,14 @@ def _seconds(name: str, value: Any) -> float | None:
     raise _wrong(name, value, "a number")
 
 
-Part = type[Host] | type[Retry] | type[Repair] | type[DesignRecord] | type[CostRecord] | type[PhaseRecord]
+Part = (type[Host] | type[Retry] | type[Repair] | type[DesignRecord] | type[CostRecord] | type[AdaptiveRecord]
+        | type[BudgetRecord] | type[PhaseRecord])
 _PART_READERS: dict[str, Reader] = {"attempt": _count, "strength": _count, "seed": _count, "servers": _count,
                                     "cells": _count, "install_s": _seconds, "start_s": _seconds,
-                                    "request_s": _seconds, "phase": _count, "groups": _texts}
+                                    "request_s": _seconds, "threshold": _seconds, "detect": _seconds,
+                                    "confidence": _seconds, "width": _seconds, "round": _count,
+                                    "gpu_hours": _seconds, "modelled_hours": _seconds, "left_servers": _count,
+                                    "left_cells": _count, "left_groups": _texts, "phase": _count, "groups": _texts}
 
 
 def _record(cls: Part) -> Reader:
@@ -337,7 +370,8 @@ _READERS: dict[tuple[str, str], Reader] = {
     **{(k, "matrix"): r for k, r in {
         "matrix_digest": _text, "suite_path": _texts, "suite": _text, "commits": _shas, "commit_order": _texts,
         "cells": _count, "groups": _count, "retried": _retries, "design": _record(DesignRecord),
-        "cost": _record(CostRecord), "phases": _list_of(PhaseRecord), "zoom": _text}.items()},
+        "cost": _record(CostRecord), "adaptive": _record(AdaptiveRecord), "budget": _record(BudgetRecord),
+        "phases": _list_of(PhaseRecord), "zoom": _text}.items()},
     **{(k, "bisect"): r for k, r in {
         "good": _text, "bad": _text, "good_sha": _text, "bad_sha": _text, "commits": _texts,
         "settings_keys": _texts, "cells": _cells}.items()},

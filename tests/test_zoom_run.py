@@ -79,8 +79,8 @@ def test_a_covering_run_zooms_until_the_planted_conjunction_is_identified(tmp_pa
     assert mode.starts == len(ran)
     # Read back as JSON and as a manifest of the version before phases: one phase, the design.
     raw = json.loads(outcome.run.manifest_path.read_text())
-    assert raw["manifest_version"] == 4 and raw["phases"][0]["kind"] == "design"
-    old = {k: v for k, v in raw.items() if k not in ("phases", "zoom")} | {"manifest_version": 3}
+    assert raw["manifest_version"] == 5 and raw["phases"][0]["kind"] == "design"
+    old = {k: v for k, v in raw.items() if k not in ("phases", "zoom")} | {"manifest_version": 4}
     before = from_json(old)
     assert isinstance(before, SweepManifest) and before.phases == ()
     (only,) = phases_of(before, outcome.run.done_groups())
