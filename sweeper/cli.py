@@ -121,12 +121,12 @@ def matrix_cmd(
             out.print(f"server {i}: {server}", markup=False, highlight=False)
             for cell in cells:
                 out.print(f"    {cell}", markup=False, highlight=False)
-        for line in preview.design_text(plan):
-            out.print(line, markup=False, highlight=False)
-        if plan.zooms:
+        if plan.zooms:  # before the design's figures, which end the output
             out.print("then zoom: " + ("off (--no-zoom)" if no_zoom else
                                        "on; phases of servers that tell each failure mode's candidates apart, "
                                        "as many as the results need"), markup=False, highlight=False)
+        for line in preview.design_text(plan):
+            out.print(line, markup=False, highlight=False)
         return
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err, transient=False)
