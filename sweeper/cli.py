@@ -417,6 +417,8 @@ def bisect_cmd(
     gpus: Annotated[float | None, typer.Option(help="Logical GPU slots of the local cluster for simulator runs.")] = None,
     executor: ExecutorOpt = "ray",
     cache_dir: Annotated[Path | None, typer.Option(help="Per-commit environment cache.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the verdict as JSON (bisect.json; schema: runs/README.md) "
+                                                          "instead of text; progress stays on stderr.")] = False,
 ) -> None:
     """Find every change in the range: each failure mode's regressions and fixes, even when only some requests fail.
 
@@ -438,6 +440,9 @@ def bisect_cmd(
     except Interrupted as exc:
         raise exc.with_resume(resume_command("bisect", "--good", good, "--bad", bad, runs_dir=runs_dir,
                                              run_id=exc.run_id)) from None
+    if as_json:
+        sys.stdout.write(json.dumps(outcome.summary, indent=2, allow_nan=False) + "\n")
+        return
     out.print(report.render(outcome.summary), markup=False, highlight=False)
     out.print(f"results: {outcome.run.uri}")
 
