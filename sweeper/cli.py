@@ -10,13 +10,16 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sweeper.errors import Interrupted, SweepError, one_line
+
+if TYPE_CHECKING:
+    from sweeper.sweep import Plan
 
 app = typer.Typer(
     name="sweep", no_args_is_help=True, add_completion=False, rich_markup_mode=None,
@@ -87,6 +90,8 @@ def matrix_cmd(
     design: Annotated[str | None, typer.Option("--design", help="Which cells to run: full (the product) or covering[:T], "
                                                                "every T-way combination of server settings (T default 3); "
                                                                "default: the matrix's design key, else full.")] = None,
+    strict: Annotated[bool, typer.Option("--strict", help="Refuse env names and request fields vLLM may ignore that "
+                                                         "are only warned about (names missing from a pinned list).")] = False,
 ) -> None:
     """Expand a matrix, run every cell against a real server, store one Parquet row per request.
 
@@ -101,8 +106,11 @@ def matrix_cmd(
     design_spec = design_from_text(design) if design is not None else None
     if design is not None and design_spec is None:
         raise ConfigError(f"{DESIGN_EXPECTED}, got {design!r}", key="--design")
+    plan = sweep.make_plan(file, runs_dir, resolve=False, design_spec=design_spec) if dry_run or not resume else None
+    if plan is not None:
+        check_misconfiguration(plan, cache_dir=cache_dir, strict=strict)
     if dry_run:
-        plan = sweep.make_plan(file, runs_dir, resolve=False, design_spec=design_spec)
+        assert plan is not None
         out.print(f"[bold]{plan.matrix.name}[/bold]: {plan.n_cells} cells on {len(plan.groups)} servers, "
                   f"{plan.requests_per_cell()} requests per cell (suite {plan.suite.name})")
         for i, (server, cells) in enumerate(preview.plan_text(plan), 1):
@@ -140,6 +148,20 @@ def matrix_cmd(
     if outcome.skipped:
         out.print(f"{len(outcome.skipped)} server groups already had results and were not run again.")
     out.print(f"results: {outcome.run.uri}")
+
+
+def check_misconfiguration(plan: Plan, *, cache_dir: Path | None, strict: bool) -> None:
+    """Env names and request fields vLLM would ignore: warnings on stderr, then every error on a line
+    of its own and exit 1 (`sweeper.misconfig` says which is which)."""
+    from sweeper import misconfig
+
+    matrix = plan.matrix
+    found = misconfig.check(matrix, plan.shas, cache_dir=cache_dir, strict=strict)
+    for f in found:
+        line = one_line(f"{matrix.path}: {f.key}: {f.message}")
+        sys.stderr.write(f"{'error' if f.error else 'warning'}: {line}\n")
+    if any(f.error for f in found):
+        raise typer.Exit(1)
 
 
 @app.command("report")
