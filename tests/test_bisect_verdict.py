@@ -79,6 +79,16 @@ def test_the_swap_is_in_the_json_and_one_cell_says_it_too() -> None:
     assert "is a swap, not a fix: it ends a but brings b; the cell still fails" in render(one)
 
 
+def test_one_bug_report_per_mode_names_each_of_its_changes() -> None:
+    s = summary()
+    regress = {"mode": "a", "direction": "regression", "confidence": 0.999, "cells": ["x"], "settings": [{"k": 1}]}
+    s["by_commit"].append({"commit": {"sha": "c3", "short": "c3", "subject": "s", "pr": None, "date": None},
+                           "changes": [regress], "swaps": []})
+    lines = render(s).splitlines()
+    assert f"  sweep report demo --issue --mode a   # fix at c{SWAP}, regression at c3" in lines
+    assert sum("--mode a " in ln for ln in lines) == 1
+
+
 def test_cells_that_are_not_a_product_are_listed_by_what_varies() -> None:
     cells = [{"spec": "mtp", "v2": "1", "t": 0}, {"spec": "mtp", "v2": "0", "t": 0.6}]
     assert compact_cells(cells) == "2 cells: spec=mtp {v2=0 t=0.6; v2=1 t=0}"

@@ -232,7 +232,7 @@ def compact_cells(settings: Sequence[Mapping[str, Any]]) -> str:
     if not settings:
         return "no cell"
     axes = list(dict.fromkeys(k for c in settings for k in c))
-    values = {a: list(dict.fromkeys(_value(c.get(a, "unset")) for c in settings)) for a in axes}
+    values = {a: sorted(dict.fromkeys(_value(c.get(a, "unset")) for c in settings)) for a in axes}
     fixed = [f"{a}={vs[0]}" for a, vs in values.items() if len(vs) == 1]
     varying = [a for a, vs in values.items() if len(vs) > 1]
     n = len(settings)
@@ -337,11 +337,12 @@ def next_steps(summary: Mapping[str, Any]) -> list[str]:
     run = summary.get("issue_run") or summary.get("run_id")
     if not run:
         return []
-    out = []
+    changes: dict[str, list[str]] = defaultdict(list)  # one report per mode, naming each of its changes
     for entry in summary["by_commit"]:
         for ch in entry["changes"]:
-            cmd = shlex.join(["sweep", "report", str(run), "--issue", "--mode", ch["mode"]])
-            out.append(f"  {cmd}   # {ch['direction']} at {entry['commit']['short']}")
+            changes[ch["mode"]].append(f"{ch['direction']} at {entry['commit']['short']}")
+    out = [f"  {shlex.join(['sweep', 'report', str(run), '--issue', '--mode', mode])}   # {', '.join(where)}"
+           for mode, where in changes.items()]
     return ["Next: a bug report per change:", *out] if out else []
 
 
