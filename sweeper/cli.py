@@ -114,7 +114,7 @@ def matrix_cmd(
         out.print(f"[bold]{plan.matrix.name}[/bold]: {plan.n_cells} cells on {len(plan.groups)} servers, "
                   f"{plan.requests_per_cell()} requests per cell (suite {plan.suite.name})")
         for i, (server, cells) in enumerate(preview.plan_text(plan), 1):
-            out.print(f"server {i}: {server}", markup=False, highlight=False)
+            out.print(f"server {i}: {server}", markup=False, highlight=False, soft_wrap=True)
             for cell in cells:
                 out.print(f"    {cell}", markup=False, highlight=False)
         for line in preview.design_text(plan):

@@ -103,3 +103,18 @@ def test_the_log_lines_vllm_prints_are_read() -> None:
            "request but ignored: {'temprature', 'top_kk'}\n")
     eff = effective_config(log)
     assert eff.unknown_env == ("VLLM_USE_V2_MODEL_RUNER",) and eff.ignored_fields == ("temprature", "top_kk")
+
+
+def test_the_dry_run_prints_each_servers_vllm_serve_line(tmp_path: Path, tiny_suite: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, tiny_suite, env="HF_TOKEN")
+    path.write_text(path.read_text().replace('{HF_TOKEN: "1"}', '{HF_TOKEN: "hf_abcdefghijklmnopqrstuvwx"}')
+                    + "serve: {--max-model-len: 4096}\n")
+    code, out, err = run_cli(["matrix", str(path), "--dry-run", "--runs-dir", str(tmp_path / "runs"),
+                              "--cache-dir", str(tmp_path / "c")], capsys)
+    assert code == 0, err
+    lines = [ln.strip() for ln in out.splitlines() if ln.strip().startswith("$ ")]
+    assert len(lines) == 4  # one per server: 2 commits x 2 runner values
+    assert ("$ HF_TOKEN='<redacted>' VLLM_USE_V2_MODEL_RUNNER=0 vllm serve m --host 127.0.0.1 --port 8000 "
+            "--max-model-len 4096") in lines
+    assert "hf_abcdefghijklmnopqrstuvwx" not in out
