@@ -524,6 +524,7 @@ def _merge(base: Mapping[str, Any], combo: Mapping[str, Any], prefix: str) -> di
 # limit by shortening the names of settings, then long values (cut, with a hash of the whole value).
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=~+,-]")
 ID_SLUG_CHARS = 120
+_SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION", re.IGNORECASE)
 
 
 def escape_id(text: str) -> str:
@@ -562,7 +563,9 @@ def _server_slug(cell: Cell) -> str:
 
 def cell_slug(cell: Cell) -> str:
     """The readable part of a cell's id: commit, spec method, then every env/serve/request axis value."""
-    axes = [(k, _id_value(v)) for k, v in cell.values.items() if k.startswith(("env.", "serve.", "request."))]
+    # A secret's value (a token in an axis) never names a file: its hash stands for it.
+    axes = [(k, short_hash(v, 6) if _SECRET.search(k.split(".", 1)[1].lstrip("-").replace("-", "_")) else _id_value(v))
+            for k, v in cell.values.items() if k.startswith(("env.", "serve.", "request."))]
     head = _server_parts(cell)
     for shorten in range(3):
         keys = [(_id_key(k) if shorten == 0 else _initials(_id_key(k))) for k, _ in axes]

@@ -191,3 +191,9 @@ def test_cell_ids_escape_what_a_file_name_cannot_hold_and_stay_short(tmp_path):
     assert len({i.split("-")[2] for i in ids}) == 2
     assert all("max-model-len=4096" in i or "max-model-len=8192" in i or "mml=4096" in i or "mml=8192" in i
                for i in ids)
+
+
+def test_a_secret_axis_value_never_names_a_file(tmp_path):
+    text = BASE + "axes:\n  commit: [v1]\n  spec_method: [none]\n  env.HF_TOKEN: [hf_PlantedSecretToken0123456789]\n"
+    (cell,) = load_matrix(write(tmp_path, text)).cells
+    assert "hf_Planted" not in cell.cell_id and "HF_TOKEN=" in cell.cell_id
