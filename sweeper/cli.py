@@ -92,6 +92,9 @@ def matrix_cmd(
                                                                "default: the matrix's design key, else full.")] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Refuse env names and request fields vLLM may ignore that "
                                                          "are only warned about (names missing from a pinned list).")] = False,
+    no_zoom: Annotated[bool, typer.Option("--no-zoom", help="With a covering design: stop after it, without the zoom "
+                                                            "phases that tell each failure mode's candidate "
+                                                            "conjunctions apart.")] = False,
     adaptive: Annotated[bool, typer.Option("--adaptive", help="Replay each cell's suite in rounds and stop it once its "
                                                               "verdict is settled (the matrix's adaptive key, else "
                                                               "clean below 10 %, failing above 1 %, at 95 %).")] = False,
@@ -108,6 +111,7 @@ def matrix_cmd(
     from sweeper.errors import ConfigError
     from sweeper.executor import choose
     from sweeper.matrix import DESIGN_EXPECTED, design_from_text
+    from sweeper.records import PhaseRecord
 
     design_spec = design_from_text(design) if design is not None else None
     if design is not None and design_spec is None:
@@ -125,6 +129,10 @@ def matrix_cmd(
             out.print(f"server {i}: {server}", markup=False, highlight=False, soft_wrap=True)
             for cell in cells:
                 out.print(f"    {cell}", markup=False, highlight=False)
+        if plan.zooms:  # before the design's figures, which end the output
+            out.print("then zoom: " + ("off (--no-zoom)" if no_zoom else
+                                       "on; phases of servers that tell each failure mode's candidates apart, "
+                                       "as many as the results need"), markup=False, highlight=False)
         for line in preview.design_text(plan):
             out.print(line, markup=False, highlight=False)
         return
@@ -139,11 +147,16 @@ def matrix_cmd(
     def on_group(job: object, result: object) -> None:
         progress.advance(task)
 
+    def on_phase(phase: PhaseRecord) -> None:
+        total = progress.tasks[0].total or 0
+        progress.update(task, total=total + len(phase.groups), description=f"zoom phase {phase.phase}: servers")
+
     try:
         outcome = sweep.run_matrix(file, runs_dir=runs_dir, run_id=run_id, resume=resume,
                                    executor=choose(executor, address=address, gpus=gpus), cache_dir=cache_dir,
                                    on_group=on_group, on_plan=on_plan, design_spec=design_spec,
-                                   adaptive=wants_adaptive, budget_hours=budget)
+                                   adaptive=wants_adaptive, budget_hours=budget,
+                                   zoom_options=sweep.ZoomOptions(enabled=not no_zoom, on_phase=on_phase))
     except Interrupted as exc:
         raise exc.with_resume(resume_command("matrix", str(file), runs_dir=runs_dir, run_id=exc.run_id)) from None
     finally:
@@ -158,6 +171,11 @@ def matrix_cmd(
         out.print(line, markup=False, highlight=False)
     if outcome.skipped:
         out.print(f"{len(outcome.skipped)} server groups already had results and were not run again.")
+    if len(outcome.phases) > 1 or outcome.zoom_summary:
+        out.print("phases: " + "; ".join(f"{p.phase} {p.kind} ({len(p.groups)} servers)" for p in outcome.phases),
+                  markup=False, highlight=False)
+    if outcome.zoom_summary:
+        out.print(f"zoom {outcome.zoom_summary}", markup=False, highlight=False)
     out.print(f"results: {outcome.run.uri}")
 
 

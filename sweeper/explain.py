@@ -16,20 +16,27 @@ hung (`server_failed`, `crashed`, `timeout`) is a mode of its own, counted in se
 * **Candidates.** Every conjunction of at most `max_terms` (axis = level) terms on distinct axes,
   each tested with a one-sided Fisher exact test on those effective counts (more failures inside
   than outside); p-values are Holm-corrected over every conjunction tried.
-* **The explanation** is the smallest significant conjunction that (1) holds at least 95 % of the
-  mode's failures and (2) has no part that is credibly clean (effective counts at the dispersion
-  between starts of one cell; Bonferroni over the one-term refinements, and separately over the
-  finer parts: two more terms, a single cell, a single start): "mtp" alone is rejected when its V1
-  half never fails. A smaller conjunction that fits but is not significant (one of its starts clean
-  by chance makes the dispersion it needs high) gives way to a larger one that is. Ties go to the
-  smaller p-value. Conjunctions of that size that select exactly the same starts are its aliases:
-  the design cannot tell them apart, and the result is "not identifiable in this matrix" with each
-  of them listed. A mode with no fitting conjunction is unexplained; one whose best is not
-  significant after correction is "too few samples".
+* **The explanation** is the smallest conjunction that fits and is claimed. It fits when (1) it
+  holds at least 95 % of the mode's failures, (2) no part of it is credibly clean (effective counts
+  at the dispersion between starts of one cell; Bonferroni over the one-term refinements, and
+  separately over the finer parts: two more terms, a single cell, a single start): "mtp" alone is
+  rejected when its V1 half never fails, and (3) every term is needed: without it, the part with the
+  term false is credibly cleaner (Bonferroni over the refinements of the smaller conjunction), so a
+  larger conjunction is reached only through a clean part of the smaller one, never because the
+  smaller one fell short of significance. It is claimed when it is significant after Holm and each
+  of its one-term parts credibly fails more than the starts outside it (one-sided Fisher at alpha):
+  a conjunction a term short leaves a part at the background rate, and claiming it would name a
+  term too few. One that fits but is not claimed is "too few samples", with the parts that did not
+  credibly fail (more starts there tell). Ties go to the smaller p-value. Conjunctions of that size
+  that select exactly the same starts are its aliases: the design cannot tell them apart, and the
+  result is "not identifiable in this matrix" with each of them listed; larger ones selecting the
+  same starts are listed as refinements the design cannot tell from it. A mode with no fitting
+  conjunction is unexplained.
 
-Identical replays (the repeats of a case on one server) are not modelled apart: they are samples of
-their start, and how much a start's samples agree is what the dispersion learns (its grid reaches
-0.9, where a start of replays is worth about one draw per distinct request).
+**Identical replays** (a case sent again to the same server start) are weighed before the start's
+dispersion: their correlation beyond the start's rate is learned from how the replays of each
+request agree (`sweeper.overdispersion.replays`), and a request sent m times counts as
+m / (1 + (m - 1) rho) samples: m replays that repeat one outcome are about one draw.
 """
 
 from __future__ import annotations
@@ -132,10 +139,17 @@ class ModeExplanation:
     rho: float = 0.0  # the per-start dispersion the test used
     rho_high: float = 0.0  # the largest dispersion the data leave credible
     starts: int = 0  # server starts in scope
+    replay_rho: float = 0.0  # how much identical replays on one server agree beyond their start's rate
     worth: float = 0.0  # what the samples in scope count as at `rho`
     inside_evidence: Evidence | None = None
     outside_evidence: Evidence | None = None
     details: tuple[tuple[str, int], ...] = ()  # a failed server's status_detail lines, with their starts
+    # Parts of the conjunction (it with one more term) that do not credibly fail: the samples cannot
+    # tell the conjunction from one that leaves such a part out, so it is not claimed (too few samples).
+    unsure_parts: tuple[tuple[Term, Count], ...] = ()
+    # Larger conjunctions that select exactly the same starts: the design holds the conjunction only
+    # together with these values, so it cannot tell them from it (a partial design, an include rule).
+    refinements: tuple[tuple[Term, ...], ...] = ()
 
     @property
     def conjunction(self) -> str:
@@ -279,10 +293,7 @@ def _too_broad(c: _Conj, dims: Mapping[str, Sequence[str | None]], n: np.ndarray
     inside = c.mask
     used = {d for d, _ in c.terms}
     cols = {d: np.array(list(vs), dtype=object) for d, vs in dims.items() if d not in used}
-    terms: list[np.ndarray] = []  # one more term: the refinements a smaller conjunction competes with
-    for col in cols.values():
-        for v in sorted({x for x in col[inside] if x is not None}):
-            terms.append(inside & (col == v))
+    terms = [part for _, _, part in _refinements(c, dims)]  # the refinements a smaller conjunction competes with
     finer: list[np.ndarray] = []
     for c1, c2 in itertools.combinations(cols.values(), 2):
         for v1, v2 in itertools.product(sorted({x for x in c1[inside] if x is not None}),
@@ -302,13 +313,97 @@ def _too_broad(c: _Conj, dims: Mapping[str, Sequence[str | None]], n: np.ndarray
     return any(_clean_part(tier + [inside & ~p for p in tier], inside, n, k, alpha, rho) for tier in (terms, finer))
 
 
+def _refinements(c: _Conj, dims: Mapping[str, Sequence[str | None]], *, with_unset: bool = False) -> list[
+        tuple[str, str | None, np.ndarray]]:
+    """The one-term refinements of `c`: (axis, level, the starts of `c` at that level) for every
+    level of every other dimension that varies inside it; `with_unset` adds the starts where the
+    dimension does not apply (level None)."""
+    used = {d for d, _ in c.terms}
+    out: list[tuple[str, str | None, np.ndarray]] = []
+    for d, vs in dims.items():
+        if d in used:
+            continue
+        col = np.array(list(vs), dtype=object)
+        levels = sorted({x for x in col[c.mask] if x is not None})
+        for v in levels:
+            out.append((d, v, c.mask & (col == v)))
+        if with_unset and levels:
+            none = c.mask & np.array([x is None for x in col], dtype=bool)
+            if none.any():
+                out.append((d, None, none))
+    return out
+
+
+def _clean_p(parts: np.ndarray, inside: np.ndarray, n: np.ndarray, k: np.ndarray, rho: float) -> np.ndarray:
+    """Per part (rows of `parts`, inside `inside`): P(at most its failures | the failures of
+    `inside` spread over its samples at random), on effective counts at dispersion `rho`."""
+    w = od.weights(n, [rho])[0]
+    ke, ne = w * k, w * n
+    big_n = max(1.0, float(np.rint(ne[inside].sum())))
+    big_k = float(np.rint(ke[inside].sum()))
+    n_part = np.clip(np.rint(parts @ ne), 0, big_n)
+    k_part = np.clip(np.rint(parts @ ke), 0, np.minimum(big_k, n_part))
+    p: np.ndarray = hypergeom.cdf(k_part, big_n, big_k, n_part)
+    return p
+
+
+def _necessary(c: _Conj, dims: Mapping[str, Sequence[str | None]], n: np.ndarray, k: np.ndarray,  # noqa: PLR0917
+               alpha: float, rho: float, scope: np.ndarray) -> bool:
+    """Whether every term of `c` is needed: without it the conjunction (its parent) holds a part,
+    the term false, that is credibly cleaner than `c` (the test `_too_broad` makes of the parent's
+    one-term refinements, Bonferroni over those refinements). A term that only rides along with a
+    few clean starts of the parent is not claimed: the smaller conjunction is, or nothing is."""
+    if len(c.terms) < 2:
+        return True  # a single term's parent is everything: whether it is needed is its significance
+    for i in range(len(c.terms)):
+        rest = tuple(t for j, t in enumerate(c.terms) if j != i)
+        parent = _Conj(rest, _mask(dims, rest, len(n)) & scope)
+        part = parent.mask & ~c.mask
+        if not (n[part].sum() > 0 and n[c.mask].sum() > 0):
+            return False
+        # Bonferroni over the larger conjunctions the parent could give way to: its distinct one-term
+        # refinements (a term that rides along is claimed only if one of them passes by chance).
+        tier = [m for *_, m in _refinements(parent, dims) if 0 < n[m].sum() < n[parent.mask].sum()]
+        budget = len(np.unique(np.array(tier, dtype=bool), axis=0)) if tier else 1
+        # At the dispersion of this split (the term true or false inside the parent, each side its
+        # own rate): the one the data favour most, which is the prior's 0 where they cannot tell
+        # (cells of one start each that fail all or nothing), high where the starts disagree.
+        disp = od.dispersion(od.loglik(k, n), c.mask[None, :], parent.mask)
+        split = float(disp.mode[0]) if disp.mode is not None else float(disp.mean[0])
+        if _clean_p(part[None, :], parent.mask, n, k, split)[0] >= alpha / budget:
+            return False
+    return True
+
+
+def _unsure_parts(c: _Conj, dims: Mapping[str, Sequence[str | None]], n: np.ndarray, k: np.ndarray,  # noqa: PLR0917
+                  alpha: float, rho: float, scope: np.ndarray) -> list[tuple[str, str | None, np.ndarray]]:
+    """The one-term refinements of `c` whose starts do not credibly fail more than the starts
+    outside `c` (one-sided Fisher on effective counts at the dispersion within settings, each at
+    `alpha`). Were one of them clean, `c` would be too broad by that term: a claim of `c` needs
+    each of its parts to fail (a subset of the true conjunction leaves a part at the background)."""
+    outside = scope & ~c.mask
+    parts = [(d, v, m) for d, v, m in _refinements(c, dims, with_unset=True) if n[m].sum() > 0]
+    if not parts:
+        return []
+    w = od.weights(n, [rho])[0]
+    ke, ne = w * k, w * n
+    stack = np.array([m for *_, m in parts], dtype=bool)
+    a, n_in = stack @ ke, stack @ ne
+    k_out, n_out = float(ke[outside].sum()), float(ne[outside].sum())
+    p = _effective_fisher(a, n_in, a + k_out, n_in + n_out)
+    return [part for part, pv in zip(parts, p, strict=True) if pv >= alpha]
+
+
 def _clean_part(parts: list[np.ndarray], inside: np.ndarray, n: np.ndarray, k: np.ndarray, alpha: float,
                 rho: float) -> bool:
-    total_k = int(k[inside].sum())
+    total_k = float(k[inside].sum())
     parts = [p for p in parts if 0 < n[p].sum() < n[inside].sum()]
     if not parts:
         return False
-    stack = np.array(parts, dtype=bool)
+    # The same starts reached twice (the complement of a binary axis' one value is its other) are
+    # one hypothesis, counted once in the Bonferroni budget.
+    stack = np.unique(np.array(parts, dtype=bool), axis=0)
+    parts = list(stack)
     k_part = stack @ k
     clean = k_part <= (1 - COVERAGE) * total_k
     if not clean.any():
@@ -355,13 +450,18 @@ def explain(samples: pd.DataFrame, cells: pd.DataFrame | None = None, *, suite: 
         modes = sorted({m for m in classified.mode if m is not None},
                        key=lambda m: -sum(1 for x in classified.mode if x == m))
         case_col = [str(c) for c in samples["case_id"]]
+        case_code = np.unique(np.array(case_col, dtype=object), return_inverse=True)[1].reshape(-1)
         for mode in modes:
             hit = np.array([m == mode for m in classified.mode], dtype=bool)
             relevant = np.array([c in classified.cases[mode] for c in case_col], dtype=bool)
             n_all = np.bincount(unit_of[relevant], minlength=len(keys))
             k_all = np.bincount(unit_of[relevant & hit], minlength=len(keys))
+            # A case sent again to the same server start is an identical replay: weighed by how much
+            # replays agree.
+            rep = od.replays(unit_of[relevant], case_code[relevant], hit[relevant], len(keys))
+            worth = (rep.samples, rep.failures, rep.rho) if rep.rho > 0 else None
             out.append(_explain_mode(mode, table, n_all, k_all, commits_all, alpha, max_terms,
-                                     tuple(sorted(classified.cases[mode]))))
+                                     tuple(sorted(classified.cases[mode])), worth))
     out += _server_modes(rows, order, alpha, max_terms)
     return Explanation(tuple(out), alpha, max_terms, len(samples), suite is not None)
 
@@ -412,7 +512,10 @@ def _server_modes(rows: Mapping[str, Mapping[str, Any]], order: Mapping[str, int
 
 
 def _explain_mode(mode: str, table: Units, n_all: np.ndarray, k_all: np.ndarray, commits_all: Sequence[str],  # noqa: PLR0917
-                  alpha: float, max_terms: int, cases: tuple[str, ...]) -> ModeExplanation:
+                  alpha: float, max_terms: int, cases: tuple[str, ...],
+                  worth: tuple[np.ndarray, np.ndarray, float] | None = None) -> ModeExplanation:
+    """`n_all`, `k_all`: samples and failures per unit; `worth`: what they count as once identical
+    replays are weighed (samples, failures, the replays' correlation), where it differs."""
     n_units = len(table.cell)
     shown = {c for c, k in zip(table.commit, k_all, strict=True) if k > 0}
     commits = tuple(c for c in commits_all if c in shown)
@@ -424,6 +527,10 @@ def _explain_mode(mode: str, table: Units, n_all: np.ndarray, k_all: np.ndarray,
     # which cells some other axis switched off.
     dims = {d: vs for d, vs in dims.items() if len({v for v in vs if v is not None}) >= 2}
     total_k, total_n = int(k.sum()), int(n.sum())
+    # The statistics read what the samples are worth (identical replays weighed); counts shown are samples.
+    ns, ks = (np.where(scope, worth[0], 0.0), np.where(scope, worth[1], 0.0)) if worth is not None else \
+        (n.astype(np.float64), k.astype(np.float64))
+    replay_rho = worth[2] if worth is not None else 0.0
     per_cell: dict[str, list[int]] = {}
     for i, cid in enumerate(table.cell):
         got = per_cell.setdefault(cid, [0, 0])
@@ -436,15 +543,15 @@ def _explain_mode(mode: str, table: Units, n_all: np.ndarray, k_all: np.ndarray,
         if not mask.any() or mask.sum() == scope.sum():
             continue  # selects nothing, or everything: no test
         conjs.append(_Conj(conj, mask, int(k[mask].sum()), int(n[mask].sum())))
-    ll = od.loglik(k, n)
+    ll = od.loglik(ks, ns)
     cell_of = np.unique(np.array(table.cell, dtype=object), return_inverse=True)[1]
     rho_cell = float(od.within_settings(ll, cell_of, scope).mean[0])
     whole = od.dispersion(ll, scope[None, :], scope)
     if conjs:
         masks = np.array([c.mask for c in conjs], dtype=bool)
         disp = od.dispersion(ll, masks, scope)
-        w = od.weights(n, disp.mean)
-        wk, wn = w * k[None, :], w * n[None, :]
+        w = od.weights(ns, disp.mean)
+        wk, wn = w * ks[None, :], w * ns[None, :]
         k_tot, n_tot = (wk * scope).sum(axis=1), (wn * scope).sum(axis=1)
         p = _effective_fisher((wk * masks).sum(axis=1), (wn * masks).sum(axis=1), k_tot, n_tot)
         for c, pv, pa, rho, high in zip(conjs, p, holm(p), disp.mean, disp.high, strict=True):
@@ -455,16 +562,17 @@ def _explain_mode(mode: str, table: Units, n_all: np.ndarray, k_all: np.ndarray,
         p_value=None, p_adjusted=None, tried=len(conjs), cases=cases, commits=commits, clean_commits=(),
         failing_cells=failing_cells, failures=total_k, cells_in_scope=len({table.cell[i] for i in np.flatnonzero(scope)}),
         rho=rho0, rho_high=float(whole.high[0]), starts=len({table.start[i] for i in np.flatnonzero(scope)}),
-        worth=od.worth(n[scope], rho0))
+        worth=od.worth(ns[scope], rho0), replay_rho=replay_rho)
 
-    best = _best(conjs, dims, n, k, total_k, alpha, max_terms, rho_cell, cell_of)
+    choice = _best(conjs, dims, ns, ks, alpha, max_terms, rho_cell, cell_of, scope)
+    best = None if choice is None else choice.conj
     # Every conjunction of that size selecting the same starts is an alias the design cannot tell from it.
     alternatives = [] if best is None else [c for c in conjs if len(c.terms) == len(best.terms) and c is not best
                                             and np.array_equal(c.mask, best.mask)]
-    significant = best is not None and best.p_adj < alpha
+    significant = choice is not None and choice.claimed
     everything = _Conj((), scope.copy(), total_k, total_n, rho=rho0)
     # No setting credibly matters: it fails everywhere, or the samples are too few to say where.
-    if not significant and not _too_broad(everything, dims, n, k, alpha, rho_cell, cell_of) \
+    if not significant and not _too_broad(everything, dims, ns, ks, alpha, rho_cell, cell_of) \
             and (best is None or all(k[scope] > 0)):
         return dataclasses.replace(unexplained, verdict=Verdict.EVERYWHERE, clean_commits=_clean_commits(
             (), table, n_all, k_all, commits_all, commits))
@@ -484,7 +592,12 @@ def _explain_mode(mode: str, table: Units, n_all: np.ndarray, k_all: np.ndarray,
             part = _mask(dims, rest, n_units) & scope & (col != v)
             without.append(Without(terms[i], Count(int(k[part].sum()), int(n[part].sum()))))
     out_mask = scope & ~best.mask
-    w_best = od.weights(n, [best.rho])[0]
+    w_best = od.weights(ns, [best.rho])[0]
+    unsure = tuple((Term(d, "not applicable" if v is None else v), Count(int(k[m].sum()), int(n[m].sum())))
+                   for d, v, m in (choice.unsure if choice is not None else []))
+    refinements = tuple(_terms(c.terms, scope, table) for c in conjs
+                        if len(c.terms) > len(best.terms) and np.array_equal(c.mask, best.mask)
+                        and set(best.terms) < set(c.terms))
     return dataclasses.replace(
         unexplained, verdict=verdict, terms=terms, inside=Count(best.a, best.n_in),
         outside=Count(int(k[out_mask].sum()), int(n[out_mask].sum())), p_value=best.p, p_adjusted=best.p_adj,
@@ -492,24 +605,47 @@ def _explain_mode(mode: str, table: Units, n_all: np.ndarray, k_all: np.ndarray,
         without=tuple(without),
         alternatives=tuple(_terms(c.terms, scope, table) for c in alternatives),
         effective_notes=_effective_notes(best, terms, table, scope, n, k),
-        rho=best.rho, rho_high=best.rho_high, worth=od.worth(n[scope], best.rho),
-        inside_evidence=_evidence(best.mask, n, k, w_best), outside_evidence=_evidence(out_mask, n, k, w_best))
+        rho=best.rho, rho_high=best.rho_high, worth=od.worth(ns[scope], best.rho),
+        inside_evidence=_evidence(best.mask, ns, ks, w_best), outside_evidence=_evidence(out_mask, ns, ks, w_best),
+        unsure_parts=unsure, refinements=refinements)
+
+
+@dataclass
+class _Choice:
+    """The conjunction the search names, whether it is claimed, and the parts that kept it from a
+    claim (refinements that do not credibly fail: the samples cannot tell it from the narrower one)."""
+
+    conj: _Conj
+    claimed: bool
+    unsure: list[tuple[str, str | None, np.ndarray]] = field(default_factory=list)
 
 
 def _best(conjs: Sequence[_Conj], dims: Mapping[str, Sequence[str | None]], n: np.ndarray, k: np.ndarray,  # noqa: PLR0917
-          total_k: int, alpha: float, max_terms: int, rho_cell: float, cell_of: np.ndarray) -> _Conj | None:
-    """The smallest fitting conjunction that is significant; else the smallest fitting one. A
-    smaller one can fit without being significant where one of its starts was clean by chance: the
-    dispersion that allows makes its evidence weak, while the refined one holds every failure."""
-    first: _Conj | None = None
+          alpha: float, max_terms: int, rho_cell: float, cell_of: np.ndarray, scope: np.ndarray) -> _Choice | None:
+    """The smallest conjunction that can be claimed, else the smallest that fits (not claimed).
+
+    It fits when it holds 95 % of the failures, no part of it is credibly clean (`_too_broad`) and
+    each of its terms is needed (`_necessary`: a larger conjunction is only reached through a
+    credibly clean part of the smaller). It is claimed when it is significant after Holm and each
+    of its one-term refinements credibly fails (`_unsure_parts`): otherwise the samples cannot tell
+    it from the refinement that leaves that part out, and naming it would claim a term too few."""
+    first: _Choice | None = None
+    total_k = float(k[scope].sum())
     for size in range(1, max_terms + 1):
-        fitting = [c for c in conjs if len(c.terms) == size and c.a >= COVERAGE * total_k
-                   and not _too_broad(c, dims, n, k, alpha, rho_cell, cell_of)]
+        fitting = [c for c in conjs if len(c.terms) == size and float(k[c.mask].sum()) >= COVERAGE * total_k
+                   and not _too_broad(c, dims, n, k, alpha, rho_cell, cell_of)
+                   and _necessary(c, dims, n, k, alpha, rho_cell, scope)]
         fitting.sort(key=lambda c: (c.p, c.n_in, [str(t) for t in c.terms]))
-        if fitting and fitting[0].p_adj < alpha:
-            return fitting[0]
+        for c in fitting:
+            if c.p_adj >= alpha:
+                break
+            unsure = _unsure_parts(c, dims, n, k, alpha, rho_cell, scope)
+            if not unsure:
+                return _Choice(c, True)
+            if first is None:
+                first = _Choice(c, False, unsure)
         if fitting and first is None:
-            first = fitting[0]
+            first = _Choice(fitting[0], False)
     return first
 
 
@@ -614,9 +750,22 @@ def describe(m: ModeExplanation) -> list[str]:
             alts = " or ".join(" ∧ ".join(map(str, a)) for a in m.alternatives)
             lines.append(f"  not identifiable in this matrix: {m.conjunction} and {alts} select the same cells "
                          "(they never vary apart here); a design that varies them apart tells which")
-        if m.verdict is Verdict.TOO_FEW:
+        if m.verdict is Verdict.TOO_FEW and m.unsure_parts:
+            unsure = "; ".join(f"{m.conjunction} ∧ {t}: {c}" for t, c in m.unsure_parts[:4])
+            lines.append(f"  too few samples to tell it from a narrower conjunction: {'these parts do' if len(m.unsure_parts) > 1 else 'this part does'} "
+                         f"not credibly fail ({unsure}{' …' if len(m.unsure_parts) > 4 else ''}); "
+                         "more starts there tell whether the term it lacks matters")
+        elif m.verdict is Verdict.TOO_FEW:
             lines.append("  not significant after correction: too few samples to tell")
+        if m.refinements:
+            alts = " or ".join(" ∧ ".join(map(str, a)) for a in m.refinements[:4])
+            lines.append(f"  the design cannot tell it from {alts}{' …' if len(m.refinements) > 4 else ''}: "
+                         "they select the same cells (this design never varies the extra terms there)")
         lines.extend(f"  effective: {note}" for note in m.effective_notes)
+    if m.replay_rho >= od.HIGH_RHO and m.unit == "samples":
+        lines.append(f"  replays: a request sent again to the same server start mostly repeats its outcome (correlation "
+                     f"{m.replay_rho:.2f}): each counts as a fraction of a sample, {m.worth:,.0f} in all; distinct "
+                     "requests add more power than repeats")
     if m.rho >= od.HIGH_RHO and m.unit == "samples":
         total = m.inside.n + m.outside.n if m.terms else m.inside.n
         lines.append(f"  dispersion: failures vary between server starts (intra-start correlation {m.rho:.2f}, "

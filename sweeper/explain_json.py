@@ -11,7 +11,7 @@ from typing import Any
 from sweeper.explain import TEST as TEST_NAME
 from sweeper.explain import Count, Evidence, Explanation, ModeExplanation, Term, display_axis
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def _term(t: Term) -> dict[str, Any]:
@@ -41,9 +41,12 @@ def mode_json(m: ModeExplanation, number: int) -> dict[str, Any]:
         "inside": _side(m.inside, m.inside_evidence),
         "outside": _side(m.outside, m.outside_evidence),
         "test": {"name": TEST_NAME, "p_value": m.p_value, "p_adjusted": m.p_adjusted, "tried": m.tried},
-        "dispersion": {"rho": m.rho, "rho_high": m.rho_high, "starts": m.starts, "worth": m.worth},
+        "dispersion": {"rho": m.rho, "rho_high": m.rho_high, "starts": m.starts, "worth": m.worth,
+                       "replay_rho": m.replay_rho},
         "without": [{"term": _term(w.term), **_count(w.count)} for w in m.without],
         "aliases": [[_term(t) for t in alt] for alt in m.alternatives],
+        "aliased_refinements": [[_term(t) for t in alt] for alt in m.refinements],
+        "unsure_parts": [{"term": _term(t), **_count(c)} for t, c in m.unsure_parts],
         "effective_notes": list(m.effective_notes),
         "scope": {"commits": list(m.commits),
                   "clean_commits": [{"commit": c, **_count(n)} for c, n in m.clean_commits]},

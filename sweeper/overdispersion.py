@@ -35,6 +35,7 @@ class Dispersion:
 
     mean: FloatArray
     high: FloatArray
+    mode: FloatArray | None = None  # the rho of most posterior mass (0 where the data cannot tell, by the prior)
 
 
 def loglik(failures: npt.ArrayLike, samples: npt.ArrayLike) -> FloatArray:
@@ -61,7 +62,8 @@ def grouped(ll: FloatArray, groups: list[BoolArray]) -> Dispersion:
     post = np.exp(joint - logsumexp(joint, axis=1)[:, None])
     mean = post @ PRIOR.rhos
     high = np.max(np.where(post >= RHO_CREDIBLE, PRIOR.rhos[None, :], 0.0), axis=1)
-    return Dispersion(mean.astype(np.float64), high.astype(np.float64))
+    mode = PRIOR.rhos[np.argmax(post, axis=1)]
+    return Dispersion(mean.astype(np.float64), high.astype(np.float64), mode.astype(np.float64))
 
 
 def within_settings(ll: FloatArray, setting: npt.ArrayLike, within: BoolArray) -> Dispersion:
@@ -89,3 +91,57 @@ def worth(samples: npt.ArrayLike, rho: float) -> float:
     """The effective sample size of these starts at one rho."""
     n = np.asarray(samples, dtype=np.float64)
     return float((n * weights(n, [rho])[0]).sum())
+
+
+@dataclass(frozen=True)
+class Replays:
+    """Per start, what its samples are worth once identical replays are weighed, and the replays'
+    correlation (0 where no request is sent twice to one server)."""
+
+    samples: FloatArray
+    failures: FloatArray
+    rho: float
+
+
+def replay_correlation(start: npt.ArrayLike, request: npt.ArrayLike, failed: npt.ArrayLike) -> float:
+    """How much the outcomes of one request sent again to the same server agree beyond the rate of
+    their start: the pairwise (moment) estimate of the intra-class correlation of replays, each
+    start centred on its own rate, pooled over the starts that both pass and fail. 0 to 1."""
+    s, r = np.asarray(start, dtype=np.int64), np.asarray(request, dtype=np.int64)
+    y = np.asarray(failed, dtype=np.float64)
+    if s.size == 0:
+        return 0.0
+    n_s, k_s = np.bincount(s), np.bincount(s, weights=y)
+    p_s = np.divide(k_s, n_s, out=np.zeros_like(k_s), where=n_s > 0)
+    _, cluster = np.unique(np.stack([s, r]), axis=1, return_inverse=True)
+    cluster = cluster.reshape(-1)
+    m_c, k_c = np.bincount(cluster), np.bincount(cluster, weights=y)
+    start_of = np.zeros(m_c.size, dtype=np.int64)
+    start_of[cluster] = s
+    pairs = m_c * (m_c - 1.0)
+    p = p_s[start_of]
+    den = float((p * (1 - p) * pairs).sum())
+    if den <= 0:
+        return 0.0
+    num = float((k_c * (k_c - 1.0) - p * p * pairs).sum())
+    # Each start's rate is read off the same samples, which pulls the estimate down a little (most
+    # where a start holds few requests): replays are then counted as worth somewhat more, not less.
+    return float(np.clip(num / den, 0.0, 1.0))
+
+
+def replays(start: npt.ArrayLike, request: npt.ArrayLike, failed: npt.ArrayLike, n_starts: int) -> Replays:
+    """Weigh each sample of a request sent m times to one server start by 1 / (1 + (m - 1) rho),
+    rho the replays' correlation: m identical replays that mostly repeat one outcome count as about
+    one draw, m that disagree as they would by chance count as m. Sums per start (`n_starts`)."""
+    s, r = np.asarray(start, dtype=np.int64), np.asarray(request, dtype=np.int64)
+    y = np.asarray(failed, dtype=np.float64)
+    rho = replay_correlation(s, r, y)
+    if s.size == 0:
+        return Replays(np.zeros(n_starts), np.zeros(n_starts), rho)
+    _, cluster = np.unique(np.stack([s, r]), axis=1, return_inverse=True)
+    cluster = cluster.reshape(-1)
+    m = np.bincount(cluster)[cluster].astype(np.float64)
+    w = 1.0 / (1.0 + (m - 1.0) * rho)
+    samples = np.bincount(s, weights=w, minlength=n_starts).astype(np.float64)
+    failures = np.bincount(s, weights=w * y, minlength=n_starts).astype(np.float64)
+    return Replays(samples, failures, rho)

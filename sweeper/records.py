@@ -10,7 +10,10 @@ and `from_json` here; every other module sees a `SweepManifest` or a `BisectMani
   was planned with), both optional: a manifest without them ran the full product;
 - 4: a sweep's `adaptive` (the stopping rule of its cells) and `budget` (the GPU-hours it was given
   and the servers that did not fit), both optional: without them every cell replays its whole suite
-  and every server of the design runs.
+  and every server of the design runs;
+- 5: a sweep's `phases` (each batch of servers it started: the design, then each zoom phase, with
+  the server groups it ran and why) and `zoom` (how the zoom ended). A manifest of an earlier version
+  ran one phase, its design: `phases_of` reads it so.
 
 Each cells file's footer keeps a copy of the manifest without the matrix, and without any value
 too large to keep (`sweeper.store`): read back with the same `from_json`, a value it lacks is
@@ -20,13 +23,13 @@ None, which is what a repair checks for.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sweeper.errors import RecordError, StoreError, clip
 
-VERSION = 4
+VERSION = 5
 # Keys every version has written beside the record's own fields.
 _FRAME = ("kind", "schema_version", "manifest_version")
 
@@ -105,6 +108,17 @@ class BudgetRecord:
 
 
 @dataclass(frozen=True)
+class PhaseRecord:
+    """One batch of servers a sweep started: its design (phase 1) or a zoom (`sweeper.zoom`)."""
+
+    phase: int
+    kind: str  # "design" or "zoom"
+    groups: tuple[str, ...]  # the server groups it ran, by group id
+    cells: int
+    reason: str  # what it was for: the design's name, or the candidates it tells apart
+
+
+@dataclass(frozen=True)
 class SweepManifest:
     """`sweep matrix`: the matrix as given, its suite, the refs resolved to shas."""
 
@@ -129,6 +143,8 @@ class SweepManifest:
     cost: CostRecord | None = None
     adaptive: AdaptiveRecord | None = None  # None: whole suites (every manifest before version 4)
     budget: BudgetRecord | None = None
+    phases: tuple[PhaseRecord, ...] = ()  # empty before version 5: one phase, the design (`phases_of`)
+    zoom: str | None = None  # how the zoom ended, per mode; None: no zoom (or not ended yet)
 
     kind = "matrix"
 
@@ -164,6 +180,16 @@ class BisectManifest:
 Manifest = SweepManifest | BisectManifest
 
 
+def phases_of(manifest: SweepManifest, done_groups: Sequence[str]) -> tuple[PhaseRecord, ...]:
+    """A sweep's phases: as recorded (version 4), else its one phase, the design, made of the
+    groups that have results (`done_groups`)."""
+    if manifest.phases:
+        return manifest.phases
+    design = manifest.design
+    reason = "full product" if design is None or design.kind == "full" else f"covering, strength {design.strength}"
+    return (PhaseRecord(1, "design", tuple(sorted(done_groups)), manifest.cells or 0, reason),)
+
+
 def commit_axis(matrix: Mapping[str, Any], commits: Mapping[str, str | None] | None) -> list[str]:
     """A matrix's commit axis as it lists it (else the refs of `commits`)."""
     axes = matrix.get("axes")
@@ -179,14 +205,14 @@ def to_json(manifest: Manifest) -> dict[str, Any]:
     out: dict[str, Any] = {"kind": manifest.kind, "manifest_version": VERSION}
     for name in _fields(type(manifest)):
         value = getattr(manifest, name)
-        if name in ("retried", "repaired", "design", "cost", "adaptive", "budget") and not value:
+        if name in ("retried", "repaired", "design", "cost", "adaptive", "budget", "phases", "zoom") and not value:
             continue  # written only once something was retried or repaired (or designed), as before
         out[name] = _plain(value)
     return out
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, (Host, Retry, Repair, DesignRecord, CostRecord, AdaptiveRecord, BudgetRecord)):
+    if isinstance(value, (Host, Retry, Repair, DesignRecord, CostRecord, AdaptiveRecord, BudgetRecord, PhaseRecord)):
         # An optional part left out rather than null: a bisect's repair never had `checked_against`.
         return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)
                 if getattr(value, f.name) is not None or f.default is dataclasses.MISSING}
@@ -290,13 +316,13 @@ def _seconds(name: str, value: Any) -> float | None:
 
 
 Part = (type[Host] | type[Retry] | type[Repair] | type[DesignRecord] | type[CostRecord] | type[AdaptiveRecord]
-        | type[BudgetRecord])
+        | type[BudgetRecord] | type[PhaseRecord])
 _PART_READERS: dict[str, Reader] = {"attempt": _count, "strength": _count, "seed": _count, "servers": _count,
                                     "cells": _count, "install_s": _seconds, "start_s": _seconds,
                                     "request_s": _seconds, "threshold": _seconds, "detect": _seconds,
                                     "confidence": _seconds, "width": _seconds, "round": _count,
                                     "gpu_hours": _seconds, "modelled_hours": _seconds, "left_servers": _count,
-                                    "left_cells": _count, "left_groups": _texts}
+                                    "left_cells": _count, "left_groups": _texts, "phase": _count, "groups": _texts}
 
 
 def _record(cls: Part) -> Reader:
@@ -320,13 +346,18 @@ def _record(cls: Part) -> Reader:
     return read
 
 
-def _retries(name: str, value: Any) -> tuple[Retry, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise _wrong(name, value, "an array")
-    read = _record(Retry)
-    return tuple(read(name, v) for v in value)
+def _list_of(cls: type[Retry | PhaseRecord]) -> Reader:
+    def read_all(name: str, value: Any) -> tuple[Any, ...]:
+        if value is None:
+            return ()
+        if not isinstance(value, list):
+            raise _wrong(name, value, "an array")
+        read = _record(cls)
+        return tuple(read(name, v) for v in value)
+    return read_all
+
+
+_retries = _list_of(Retry)
 
 
 _COMMON: dict[str, Reader] = {
@@ -339,7 +370,8 @@ _READERS: dict[tuple[str, str], Reader] = {
     **{(k, "matrix"): r for k, r in {
         "matrix_digest": _text, "suite_path": _texts, "suite": _text, "commits": _shas, "commit_order": _texts,
         "cells": _count, "groups": _count, "retried": _retries, "design": _record(DesignRecord),
-        "cost": _record(CostRecord), "adaptive": _record(AdaptiveRecord), "budget": _record(BudgetRecord)}.items()},
+        "cost": _record(CostRecord), "adaptive": _record(AdaptiveRecord), "budget": _record(BudgetRecord),
+        "phases": _list_of(PhaseRecord), "zoom": _text}.items()},
     **{(k, "bisect"): r for k, r in {
         "good": _text, "bad": _text, "good_sha": _text, "bad_sha": _text, "commits": _texts,
         "settings_keys": _texts, "cells": _cells}.items()},

@@ -4,18 +4,29 @@ Loads and checks everything that can be checked before any server starts (matrix
 GPU fit), writes the manifest, hands the unfinished server groups to an executor (Ray by default),
 writes each group's results as it finishes, and summarises. `--resume` runs only the groups
 without stored results.
+
+A covering design is the first phase of a run; unless the zoom is off, explain then reads every
+phase's results and `sweeper.zoom` chooses the servers of the next phase, until each failure mode is
+identified or shown unexplained, no server left would tell its candidates apart, the phases run out
+or the budget's hook (`ZoomOptions.afford`) refuses. Every phase writes into the same run folder,
+and the manifest records each phase's servers and how the zoom ended.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sweeper import budget, cost, design, gitrepo
+import pandas as pd
+
+from sweeper import analysis, budget, cost, design, gitrepo, zoom
 from sweeper.errors import ConfigError, GitError, Interrupted, StoreError, SweepError
-from sweeper.executor import ExecutorFactory, choose
+from sweeper.executor import Executor, ExecutorFactory, choose
+from sweeper.explain import explain
 from sweeper.install import kind_of
+from sweeper.levels import axes_map, units
 from sweeper.matrix import (
     AdaptiveSpec,
     Cell,
@@ -28,7 +39,16 @@ from sweeper.matrix import (
     short_hash,
 )
 from sweeper.portable import RepoSource, portable_spec, repo_source
-from sweeper.records import AdaptiveRecord, BudgetRecord, CostRecord, DesignRecord, SweepManifest, commit_axis
+from sweeper.records import (
+    AdaptiveRecord,
+    BudgetRecord,
+    CostRecord,
+    DesignRecord,
+    PhaseRecord,
+    SweepManifest,
+    commit_axis,
+    phases_of,
+)
 from sweeper.repair import rebuild_sweep
 from sweeper.repos import repo_for
 from sweeper.runner import GroupJob, GroupResult
@@ -101,7 +121,8 @@ class Plan:
             suite=self.suite.name, suite_digest=self.suite.digest, commits=self.shas, commit_order=self.commit_order,
             repo=str(self.repo) if self.repo else None, cells=self.n_cells, groups=len(self.groups),
             design=self.design_record(), cost=CostRecord(**self.profile.record()),
-            adaptive=adaptive_record(self.adaptive), budget=self.budget_record())
+            adaptive=adaptive_record(self.adaptive), budget=self.budget_record(),
+            phases=(self.design_phase(),))
 
     def budget_record(self) -> BudgetRecord | None:
         fit = self.budget
@@ -118,8 +139,37 @@ class Plan:
                             cells=len(d.cells), digest=d.digest)
 
     def rebuild_manifest(self, run: RunDir) -> str:
-        """`run`'s lost or damaged manifest made anew from this plan, once its results agree."""
-        return rebuild_sweep(run, self.manifest(run.run_id), {c.cell_id for c in self.cells})
+        """`run`'s lost or damaged manifest made anew from this plan, once its results agree (a
+        zoom may have run any of the matrix's cells)."""
+        return rebuild_sweep(run, self.manifest(run.run_id), {c.cell_id for c in self.matrix.cells})
+
+    def design_phase(self) -> PhaseRecord:
+        d = self.design
+        return PhaseRecord(1, "design", tuple(g.group_id for g in self.groups), len(self.cells), d.describe())
+
+    @property
+    def zooms(self) -> bool:
+        """Whether this plan's design leaves cells a zoom could add (a covering subset, not the product).
+        A budgeted plan does not zoom yet: its phases would need the budget's `ZoomOptions.afford`."""
+        return self.design.spec.kind == "covering" and len(self.design.groups) < self.design.full_groups \
+            and self.budget is None
+
+
+Afford = Callable[[tuple[ServerGroup, ...]], tuple[ServerGroup, ...]]
+
+
+@dataclass(frozen=True)
+class ZoomOptions:
+    """How a covering run zooms after its design phase (`sweeper.zoom`)."""
+
+    enabled: bool = True
+    max_phases: int = 8  # zoom phases after the design, at most
+    starts: int = zoom.STARTS
+    alpha: float = 0.01  # explain's level: a mode is identified at 1 - alpha
+    # The budget's hook: given the next phase's servers, most informative first, the ones to run
+    # (a prefix of them, or none: the zoom stops, "budget spent"). None runs them all.
+    afford: Afford | None = None
+    on_phase: Callable[[PhaseRecord], None] | None = None  # told of each zoom phase before it runs
 
 
 @dataclass
@@ -129,6 +179,9 @@ class RunOutcome:
     ran: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what was repaired before running
+    phases: list[PhaseRecord] = field(default_factory=list)
+    zoom: zoom.Step | None = None  # the zoom's last step: each mode's state (None: no zoom)
+    zoom_summary: str | None = None
 
 
 def stated_profile(spec: MatrixFile) -> cost.Profile:
@@ -248,11 +301,12 @@ def history_order(repo: Path | None, refs: Sequence[str], shas: Mapping[str, str
     return tuple(sorted(refs, key=lambda r: (depth[r], list(refs).index(r))))
 
 
-def jobs_for(plan: Plan, run: RunDir, cache_dir: Path | None) -> list[GroupJob]:
+def jobs_for(plan: Plan, run: RunDir, cache_dir: Path | None,
+             groups: Sequence[ServerGroup] | None = None) -> list[GroupJob]:
     spec, source = plan.job_spec, plan.repo_source
     return [GroupJob(run_id=run.run_id, group=g, spec=spec, suite=plan.suite, sha=plan.shas.get(g.head.commit),
                      repo=source, cache_dir=str(Path(cache_dir).absolute()) if cache_dir else None)
-            for g in plan.groups]
+            for g in (plan.groups if groups is None else groups)]
 
 
 def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | None = None, resume: str | None = None,  # noqa: PLR0913  (the run's optional choices, by keyword)
@@ -260,10 +314,13 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | N
                on_group: Callable[[GroupJob, GroupResult], None] | None = None,
                on_plan: Callable[[Plan, int], None] | None = None,
                design_spec: DesignSpec | None = None, adaptive: bool | AdaptiveSpec | None = None,
-               budget_hours: float | None = None) -> RunOutcome:
+               budget_hours: float | None = None, zoom_options: ZoomOptions | None = None) -> RunOutcome:
     """Run `matrix_path`'s design (`design_spec`, else the matrix's `design:` key, else the full
     product), adaptive (`adaptive`, else the matrix's `adaptive:` key) and within `budget_hours`
-    GPU-hours when given. A resumed run keeps the design, rule and budget its manifest records."""
+    GPU-hours when given, then, for a covering design, its zoom (`zoom_options`; on by default). A
+    resumed run keeps the design, rule and budget its manifest records, and zooms on from every
+    phase's results."""
+    options = zoom_options or ZoomOptions()
     notes: list[str] = []
     if resume:
         run = open_run(runs_dir, resume, create=False)
@@ -307,23 +364,105 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | N
     jobs = [j for j in jobs_for(plan, run, cache_dir)
             if j.group.group_id not in done and j.group.legacy_group_id not in done]
     outcome = RunOutcome(run, plan, skipped=sorted(done), notes=notes)
+    manifest = run.read_manifest()
+    outcome.phases = list(phases_of(manifest, sorted(done))) if isinstance(manifest, SweepManifest) else []
+    zooming = options.enabled and plan.zooms
     if on_plan:
         on_plan(plan, len(jobs))
-    if not jobs:
+    if not jobs and not zooming:
         return outcome
     try:
         with (executor or choose())(plan.matrix) as ex:
             ex.preflight(plan.matrix.spec.gpus_per_cell)
-            for job, result in ex.run(jobs, on_retry=lambda j, n, e: run.record_retry(j.group.group_id, n, e)):
-                # The log first (a group without a server has none): a group is done once its cells are written.
-                if result.log:
-                    run.write_log(result.group_id, result.log_text())
-                run.write_group(result.group_id, result.samples, result.cells)
-                outcome.ran.append(result.group_id)
-                if on_group:
-                    on_group(job, result)
+            _run_jobs(ex, run, jobs, outcome, on_group)
+            if zooming:
+                _zoom(plan, run, ex, outcome, options, cache_dir, on_group)
     except KeyboardInterrupt:
         raise Interrupted(run.uri, run.run_id) from None
     return outcome
+
+
+def _run_jobs(ex: Executor, run: RunDir, jobs: Sequence[GroupJob], outcome: RunOutcome,
+              on_group: Callable[[GroupJob, GroupResult], None] | None) -> None:
+    if not jobs:
+        return
+    for job, result in ex.run(jobs, on_retry=lambda j, n, e: run.record_retry(j.group.group_id, n, e)):
+        # The log first (a group without a server has none): a group is done once its cells are written.
+        if result.log:
+            run.write_log(result.group_id, result.log_text())
+        run.write_group(result.group_id, result.samples, result.cells)
+        outcome.ran.append(result.group_id)
+        if on_group:
+            on_group(job, result)
+
+
+def _zoom(plan: Plan, run: RunDir, ex: Executor, outcome: RunOutcome, options: ZoomOptions,  # noqa: PLR0917
+          cache_dir: Path | None, on_group: Callable[[GroupJob, GroupResult], None] | None) -> None:
+    """Zoom phases until the zoom is done (see the module docstring); the manifest records each."""
+    groups = plan.matrix.groups()
+    seed = plan.design.spec.seed
+    why = "every failure mode settled"
+    while True:
+        cells = analysis.load_cells(run)
+        found = explain(analysis.load_samples(run), cells, suite=plan.suite, commit_order=plan.commit_order,
+                        alpha=options.alpha)
+        depth = sum(1 for p in outcome.phases if p.kind == "zoom")
+        step = zoom.step(found.modes, groups, run.done_groups(), seed=seed + len(outcome.phases),
+                         starts=options.starts, depth=depth, observed=ran_levels(cells))
+        outcome.zoom = step
+        if step.done:
+            if any(m.status is zoom.Status.EXHAUSTED for m in step.modes):
+                why = "no informative servers left"
+            break
+        zoom_phases = sum(1 for p in outcome.phases if p.kind == "zoom")
+        if zoom_phases >= options.max_phases:
+            why = f"the zoom's {options.max_phases} phases are spent"
+            break
+        chosen = options.afford(step.groups) if options.afford else step.groups
+        if not chosen:
+            why = "the budget is spent"
+            break
+        open_modes = [m for m in step.modes if m.status is zoom.Status.OPEN]
+        reason = "; ".join(str(c) for m in open_modes for c in m.candidates)
+        phase = PhaseRecord(len(outcome.phases) + 1, "zoom", tuple(g.group_id for g in chosen),
+                            sum(len(g.cells) for g in chosen), reason)
+        outcome.phases.append(phase)
+        _record_phases(run, outcome.phases, None)
+        if options.on_phase:
+            options.on_phase(phase)
+        _run_jobs(ex, run, jobs_for(plan, run, cache_dir, chosen), outcome, on_group)
+    outcome.zoom_summary = zoom_summary(outcome.zoom, why)
+    _record_phases(run, outcome.phases, outcome.zoom_summary)
+
+
+def ran_levels(cells: pd.DataFrame) -> dict[str, dict[str, str | None]]:
+    """Per group run, the levels that ran where they differ from what its cells asked for."""
+    if cells.empty or "axes" not in cells.columns:
+        return {}
+    rows = cells.drop_duplicates("group_id").to_dict("records")
+    keys = [(str(r["cell_id"]), str(r["group_id"])) for r in rows]
+    table = units(keys, {str(r["cell_id"]): axes_map(r["axes"]) for r in rows},
+                  {str(r["cell_id"]): str(r.get("commit")) for r in rows}, {str(r["cell_id"]): r for r in rows})
+    out: dict[str, dict[str, str | None]] = {}
+    for i, (_, gid) in enumerate(keys):
+        moved = {d: table.dims[d][i] for d, subs in table.substituted.items() if subs[i]}
+        if moved:
+            out[gid] = moved
+    return out
+
+
+def zoom_summary(step: zoom.Step | None, why: str) -> str:
+    """How the zoom ended: why it stopped, and each failure mode's state."""
+    if step is None or not step.modes:
+        return f"stopped: {why}; no failures"
+    modes = "; ".join(f"{m.mode}: {m.status}" + (f" ({' or '.join(str(c).split(': ', 1)[1] for c in m.candidates)})"
+                                                  if m.candidates else "") for m in step.modes)
+    return f"stopped: {why}; {modes}"
+
+
+def _record_phases(run: RunDir, phases: Sequence[PhaseRecord], summary: str | None) -> None:
+    manifest = run.read_manifest()
+    if isinstance(manifest, SweepManifest):
+        run.write_manifest(dataclasses.replace(manifest, phases=tuple(phases), zoom=summary))
 
 

@@ -109,6 +109,8 @@ def test_dry_run_prints_the_designs_servers_and_gpu_hours_next_to_the_products(
     lines = out.splitlines()
     assert lines[0] == "thor: 26 cells on 26 servers, 101 requests per cell (suite thinking-budget+structured-output)"
     assert sum(line.startswith("server ") for line in lines) == 26
+    assert any(line.startswith("then zoom: on; phases of servers that tell each failure mode's candidates apart")
+               for line in lines)
     assert lines[-4:] == [
         "design: covering, strength 3 over 6 server axes (seed 0): 26 of 96 servers, 26 of 96 cells",
         "modelled GPU time (wheels defaults: install 90 s, start 240 s, request 2 s; 1 GPU per server):",

@@ -29,17 +29,20 @@ def suite(tmp_path: Path) -> Suite:
     return load_suite(path)
 
 
-def per_start(cells: dict[str, tuple[dict[str, Any], list[int]]], n: int, case: str = "json",
-              checks: list[str] = FSM) -> tuple[pd.DataFrame, pd.DataFrame]:
+def per_start(cells: dict[str, tuple[dict[str, Any], list[int] | list[tuple[int, int]]]], n: int,
+              case: str = "json", checks: list[str] = FSM, replays: int = 1) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Tables where each cell (id -> (axis values, failures per start)) has one server start per
-    entry, n samples each; the first k of a start fail."""
+    entry, n samples each (or (failures, samples) per start); the first k of a start fail. With
+    `replays` > 1 each request is sent that many times in a row (case ids repeat)."""
     srows, crows = [], []
     for cid, (values, starts) in cells.items():
         values = {"commit": "c1", **values}
-        for s, k in enumerate(starts):
-            for r in range(n):
+        for s, entry in enumerate(starts):
+            k, size = entry if isinstance(entry, tuple) else (entry, n)
+            for r in range(size):
                 srows.append({"run_id": "t", "group_id": f"{cid}#{s}", "cell_id": cid, "commit": "c1",
-                              "commit_sha": "c1".ljust(40, "0"), "case_id": case, "repeat": r,
+                              "commit_sha": "c1".ljust(40, "0"),
+                              "case_id": case if replays == 1 else f"{case}{r // replays}", "repeat": r,
                               "request_id": f"{cid}-{s}-{r}", "passed": r >= k,
                               "failed_checks": list(checks) if r < k else [],
                               "axes": [(a, json.dumps(v)) for a, v in values.items()]})
@@ -48,7 +51,7 @@ def per_start(cells: dict[str, tuple[dict[str, Any], list[int]]], n: int, case: 
 
 
 def grid(planted: tuple[str, str], starts: dict[tuple[str, str], list[int]], default: list[int]) -> dict[
-        str, tuple[dict[str, Any], list[int]]]:
+        str, tuple[dict[str, Any], list[int] | list[tuple[int, int]]]]:
     out = {}
     for spec in ("none", "ngram", "mtp"):
         for runner in ("0", "1"):
@@ -113,6 +116,95 @@ def test_the_test_is_fisher_on_the_effective_counts(suite: Suite) -> None:
     # One sample per start (a failed server) is worth one: the effective counts are the counts.
     assert ins.n < m.inside.n
 
+
+
+def test_a_term_is_not_claimed_because_the_smaller_conjunction_fell_short(suite: Suite) -> None:
+    """mtp's starts on V2 disagree (12, 2, 10 of 20): at that dispersion its three nearly clean starts
+    on V1 (0, 1, 0) are what chance does, so V2 is no credible term. "mtp" alone is not significant
+    at the dispersion its two halves show; that is no reason to claim "mtp ∧ V2", whose own starts
+    happen to agree better with each other: too few samples."""
+    cells = grid(("mtp", "*"), {("mtp", "1"): [12, 2, 10], ("mtp", "0"): [0, 1, 0]}, [0, 0, 0])
+    m = only(explain.explain(*per_start(cells, 20), suite=suite))
+    assert (m.verdict, m.conjunction) == (Verdict.TOO_FEW, "spec_method=mtp")
+
+def _replay_suite(tmp_path: Path, cases: int) -> Suite:
+    """A suite of `cases` JSON cases (json0, json1, ...) with the FSM checks."""
+    body = "".join(f"""  - id: json{i}
+    checks: [http_ok, {{finish_reason: {{expected: stop}}}}, json_schema, no_whitespace_tail,
+             {{log_absent: {{pattern: "Failed to advance FSM"}}}}]
+    body:
+      messages: [{{role: user, content: "JSON {i}"}}]
+      response_format: {{type: json_schema, json_schema: {{name: x, schema: {{type: object}}}}}}
+""" for i in range(cases))
+    path = tmp_path / "replays.yaml"
+    path.write_text(f"name: r\ndefaults: {{repeat: 1}}\ncases:\n{body}")
+    return load_suite(path)
+
+
+def test_identical_replays_count_for_what_they_are_worth(tmp_path: Path) -> None:
+    """Each start sends 4 requests 5 times each; a failing request fails every replay. Two starts of
+    mtp on V2 with 2 of 4 requests failing are 4 failing draws, not 20 failing samples: read sample by
+    sample (even with a dispersion between starts) they would look conclusive."""
+    suite = _replay_suite(tmp_path, 4)
+    cells = grid(("mtp", "1"), {("mtp", "1"): [10, 10]}, [0, 0])
+    m = only(explain.explain(*per_start(cells, 20, replays=5), suite=suite))
+    assert m.replay_rho > 0.9
+    # 240 samples are 12 starts of 4 distinct requests: worth at most 48 draws.
+    assert m.worth <= 48.5, m.worth
+    assert m.verdict is Verdict.TOO_FEW and m.p_adjusted is not None and m.p_adjusted > 0.01
+    assert "replays: a request sent again to the same server start mostly repeats its outcome" in \
+        "\n".join(explain.describe(m))
+    # The same failures on distinct requests are 20 draws, and conclusive.
+    varied = only(explain.explain(*per_start(cells, 20, replays=1), suite=suite))
+    assert varied.replay_rho == 0 and varied.verdict is Verdict.EXPLAINED
+
+
+def test_replays_that_disagree_count_as_samples(tmp_path: Path) -> None:
+    """Replays whose outcomes vary as independent draws would: the replays' correlation is about 0."""
+    rng = np.random.default_rng(3)
+    suite = _replay_suite(tmp_path, 4)
+    srows = []
+    for cell in range(6):
+        for start in range(2):
+            for r in range(40):
+                fail = bool(rng.random() < (0.5 if cell == 0 else 0.0))
+                srows.append({"run_id": "t", "group_id": f"c{cell}#{start}", "cell_id": f"c{cell}", "commit": "c1",
+                              "commit_sha": "c1".ljust(40, "0"), "case_id": f"json{r % 4}", "repeat": r,
+                              "request_id": f"{cell}-{start}-{r}", "passed": not fail,
+                              "failed_checks": list(FSM) if fail else [],
+                              "axes": [("commit", json.dumps("c1")), ("spec_method", json.dumps(["none", "mtp"][cell % 2])),
+                                       ("attention_backend", json.dumps(["A", "B", "C"][cell // 2]))]})
+    m = only(explain.explain(analysis.with_axes(pd.DataFrame(srows)), None, suite=suite))
+    assert m.replay_rho < 0.1
+
+
+def test_a_part_too_small_to_tell_is_not_claimed_clean_or_failing(suite: Suite) -> None:
+    """mtp on V2 fails with FLASHINFER; its FLASH_ATTN cell ran 3 samples, none failing. Those are too
+    few to say the conjunction mtp ∧ V2 fails there too: naming it would claim a term too few if
+    the backend matters, naming the three terms one too many if it does not. Too few samples, and
+    the part that would tell is named; with 20 clean samples there the three terms are claimed."""
+    def cells(small: list[int] | list[tuple[int, int]]) -> dict[str, tuple[dict[str, Any], list[int] | list[tuple[int, int]]]]:
+        out: dict[str, tuple[dict[str, Any], list[int] | list[tuple[int, int]]]] = {}
+        for spec in ("none", "ngram", "mtp"):
+            for runner in ("0", "1"):
+                for backend in ("FLASH_ATTN", "FLASHINFER"):
+                    starts: list[int] | list[tuple[int, int]] = [0, 0]
+                    if (spec, runner) == ("mtp", "1"):
+                        starts = [12, 10] if backend == "FLASHINFER" else small
+                    out[f"{spec}-{runner}-{backend}"] = ({"spec_method": spec, "env.VLLM_USE_V2_MODEL_RUNNER": runner,
+                                                          "attention_backend": backend}, starts)
+        return out
+    m = only(explain.explain(*per_start(cells([(0, 3)]), 20), suite=suite))
+    assert (m.verdict, m.conjunction) == (Verdict.TOO_FEW, "spec_method=mtp ∧ VLLM_USE_V2_MODEL_RUNNER=1")
+    assert [(str(t), str(c)) for t, c in m.unsure_parts] == [("attention_backend=FLASH_ATTN", "0/3")]
+    assert "too few samples to tell it from a narrower conjunction" in "\n".join(explain.describe(m))
+    full = only(explain.explain(*per_start(cells([0, 0]), 20), suite=suite))
+    assert (full.verdict, full.conjunction) == \
+        (Verdict.EXPLAINED, "spec_method=mtp ∧ VLLM_USE_V2_MODEL_RUNNER=1 ∧ attention_backend=FLASHINFER")
+    doc = to_json(explain.explain(*per_start(cells([(0, 3)]), 20), suite=suite))["modes"][0]
+    assert doc["unsure_parts"] == [{"term": {"axis": "attention_backend", "name": "attention_backend",
+                                             "value": "FLASH_ATTN", "effective": False, "requested": []},
+                                    "failed": 0, "n": 3}]
 
 # ---- every value is a value ---------------------------------------------------------------------
 
@@ -204,7 +296,7 @@ def test_the_json_form(suite: Suite) -> None:
                            effective=_async_effective, commits=("c1", "c2"))
     samples = samples[~((samples["commit"] == "c2") & ~samples["passed"])]  # c2 is clean
     doc = json.loads(json.dumps(to_json(explain.explain(samples, cells, suite=suite, commit_order=["c1", "c2"]))))
-    assert doc["schema_version"] == 1 and doc["alpha"] == 0.01 and len(doc["modes"]) == 1
+    assert doc["schema_version"] == 2 and doc["alpha"] == 0.01 and len(doc["modes"]) == 1
     mode = doc["modes"][0]
     assert (mode["number"], mode["mode"], mode["verdict"], mode["unit"]) == (1, FSM_MODE, "explained", "samples")
     assert mode["conjunction"] == [{"axis": "async_scheduling", "name": "async_scheduling", "value": "true",
@@ -216,4 +308,5 @@ def test_the_json_form(suite: Suite) -> None:
     assert mode["test"]["p_adjusted"] < 0.01 and mode["test"]["tried"] > 0 and "Fisher" in mode["test"]["name"]
     assert mode["aliases"] == []
     assert mode["scope"] == {"commits": ["c1"], "clean_commits": [{"commit": "c2", "failed": 0, "n": 20}]}
-    assert set(mode["dispersion"]) == {"rho", "rho_high", "starts", "worth"}
+    assert set(mode["dispersion"]) == {"rho", "rho_high", "starts", "worth", "replay_rho"}
+    assert mode["unsure_parts"] == [] and mode["aliased_refinements"] == []

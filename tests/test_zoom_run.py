@@ -1,0 +1,110 @@
+"""A covering run that zooms: real simulator servers in this process (the local executor), a history
+made here with one planted two-setting bug, real Parquet. The zoom's phases write into the same run
+folder, the manifest records them, the explanation over every phase names the planted conjunction,
+and `--no-zoom` stops after the design."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import make_sim_repo, run_cli
+
+from sweeper import analysis, report
+from sweeper.design import choose
+from sweeper.executor import choose as executor
+from sweeper.explain import Verdict
+from sweeper.matrix import DesignSpec, load_matrix
+from sweeper.records import PhaseRecord, SweepManifest, from_json, phases_of
+from sweeper.store import RunDir
+from sweeper.sweep import ZoomOptions, run_matrix
+from sweeper.zoom import Status
+
+BUG = {"bugs": [{"id": "fsm", "effect": "fsm_whitespace", "rate": 1.0,
+                 "when": {"attention_backend": "TRITON_ATTN", "dtype": "float16"}}]}
+
+
+def matrix_file(tmp_path: Path, suite: Path, repo: Path) -> Path:
+    path = tmp_path / "m.yaml"
+    path.write_text(f"""name: z
+model: Qwen/Qwen3-8B
+suite: {suite}
+install: {{kind: sim, repo: {repo}}}
+concurrency: 4
+timeouts: {{startup_s: 30, request_s: 10}}
+design: covering:2
+axes:
+  commit: [main]
+  attention_backend: [FLASH_ATTN, TRITON_ATTN]
+  serve.--dtype: [bfloat16, float16]
+  serve.--enforce-eager: [true, false]
+  env.VLLM_ENFORCE_STRICT_TOOL_CALLING: ["0", "1"]
+""")
+    return path
+
+
+def starts_in_logs(run: RunDir) -> int:
+    """Server starts as the server logs tell them: one start-up banner per start."""
+    return sum(p.read_text().count("Starting vLLM API server") for p in (run.root / "logs").glob("*.log"))
+
+
+def test_a_covering_run_zooms_until_the_planted_conjunction_is_identified(tmp_path: Path, tiny_suite: Path) -> None:
+    repo = tmp_path / "vllm"
+    make_sim_repo(repo, [("main", BUG)])
+    path = matrix_file(tmp_path, tiny_suite, repo)
+    matrix = load_matrix(path)
+    design = choose(matrix, DesignSpec(kind="covering", strength=2))
+    seen: list[PhaseRecord] = []
+    outcome = run_matrix(path, runs_dir=tmp_path / "runs", run_id="z", executor=executor("local"),
+                         cache_dir=tmp_path / "cache", zoom_options=ZoomOptions(on_phase=seen.append))
+    manifest = outcome.run.read_manifest()
+    assert isinstance(manifest, SweepManifest)
+    phases = manifest.phases
+    assert len(phases) >= 2 and phases[0] == PhaseRecord(1, "design", tuple(g.group_id for g in design.groups),
+                                                         len(design.cells), design.describe())
+    assert [p.kind for p in phases[1:]] == ["zoom"] * (len(phases) - 1) and list(phases[1:]) == seen
+    # Each phase ran its own servers, all of them in this one folder, and no server twice.
+    ran = [g for p in phases for g in p.groups]
+    assert len(ran) == len(set(ran)) and sorted(ran) == sorted(outcome.run.done_groups())
+    assert starts_in_logs(outcome.run) == len(ran) < len(matrix.groups())
+    assert manifest.zoom is not None and manifest.zoom.startswith("stopped: every failure mode settled")
+    assert outcome.zoom is not None and [m.status for m in outcome.zoom.modes] == [Status.IDENTIFIED]
+    # The explanation reads every phase.
+    explained = report.explain_run(outcome.run)
+    (mode,) = explained.modes
+    assert mode.verdict is Verdict.EXPLAINED
+    assert {(t.axis, t.value) for t in mode.terms} == {("attention_backend", "TRITON_ATTN"),
+                                                       ("serve.--dtype", "float16")}
+    assert mode.starts == len(ran)
+    # Read back as JSON and as a manifest of the version before phases: one phase, the design.
+    raw = json.loads(outcome.run.manifest_path.read_text())
+    assert raw["manifest_version"] == 5 and raw["phases"][0]["kind"] == "design"
+    old = {k: v for k, v in raw.items() if k not in ("phases", "zoom")} | {"manifest_version": 4}
+    before = from_json(old)
+    assert isinstance(before, SweepManifest) and before.phases == ()
+    (only,) = phases_of(before, outcome.run.done_groups())
+    assert (only.phase, only.kind, len(only.groups)) == (1, "design", len(ran))
+
+
+@pytest.mark.full  # a second run of real servers: the one above covers the fast tier
+@pytest.mark.parametrize("flag", ["--no-zoom"])
+def test_no_zoom_stops_after_the_design(flag: str, tmp_path: Path, tiny_suite: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    repo = tmp_path / "vllm"
+    make_sim_repo(repo, [("main", BUG)])
+    path = matrix_file(tmp_path, tiny_suite, repo)
+    design = choose(load_matrix(path), DesignSpec(kind="covering", strength=2))
+    runs = tmp_path / "runs"
+    code, out, err = run_cli(["matrix", str(path), "--dry-run", flag, "--runs-dir", str(runs)], capsys)
+    assert code == 0 and "then zoom: off (--no-zoom)" in out, err
+    code, out, err = run_cli(["matrix", str(path), flag, "--executor", "local", "--runs-dir", str(runs),
+                              "--run-id", "n", "--cache-dir", str(tmp_path / "cache")], capsys)
+    assert code == 0, err
+    run = RunDir(runs / "n")
+    manifest = run.read_manifest()
+    assert isinstance(manifest, SweepManifest) and len(manifest.phases) == 1 and manifest.zoom is None
+    assert sorted(run.done_groups()) == sorted(g.group_id for g in design.groups) == sorted(manifest.phases[0].groups)
+    assert starts_in_logs(run) == len(design.groups)
+    assert set(analysis.load_cells(run).cell_id) == {c.cell_id for c in design.cells}
+    assert "zoom stopped" not in out
