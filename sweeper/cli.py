@@ -10,13 +10,16 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sweeper.errors import Interrupted, SweepError, one_line
+
+if TYPE_CHECKING:
+    from sweeper.sweep import Plan
 
 app = typer.Typer(
     name="sweep", no_args_is_help=True, add_completion=False, rich_markup_mode=None,
@@ -87,6 +90,8 @@ def matrix_cmd(
     design: Annotated[str | None, typer.Option("--design", help="Which cells to run: full (the product) or covering[:T], "
                                                                "every T-way combination of server settings (T default 3); "
                                                                "default: the matrix's design key, else full.")] = None,
+    strict: Annotated[bool, typer.Option("--strict", help="Refuse env names and request fields vLLM may ignore that "
+                                                         "are only warned about (names missing from a pinned list).")] = False,
     no_zoom: Annotated[bool, typer.Option("--no-zoom", help="With a covering design: stop after it, without the zoom "
                                                             "phases that tell each failure mode's candidate "
                                                             "conjunctions apart.")] = False,
@@ -112,13 +117,16 @@ def matrix_cmd(
     if design is not None and design_spec is None:
         raise ConfigError(f"{DESIGN_EXPECTED}, got {design!r}", key="--design")
     wants_adaptive = True if adaptive else None  # without the flag: the matrix's adaptive key
+    plan = sweep.make_plan(file, runs_dir, resolve=False, design_spec=design_spec, adaptive=wants_adaptive,
+                           budget_hours=budget) if dry_run or not resume else None
+    if plan is not None:
+        check_misconfiguration(plan, cache_dir=cache_dir, strict=strict)
     if dry_run:
-        plan = sweep.make_plan(file, runs_dir, resolve=False, design_spec=design_spec, adaptive=wants_adaptive,
-                               budget_hours=budget)
+        assert plan is not None
         out.print(f"[bold]{plan.matrix.name}[/bold]: {len(plan.cells)} cells on {len(plan.groups)} servers, "
                   f"{plan.requests_per_cell()} requests per cell (suite {plan.suite.name})")
         for i, (server, cells) in enumerate(preview.plan_text(plan), 1):
-            out.print(f"server {i}: {server}", markup=False, highlight=False)
+            out.print(f"server {i}: {server}", markup=False, highlight=False, soft_wrap=True)
             for cell in cells:
                 out.print(f"    {cell}", markup=False, highlight=False)
         if plan.zooms:  # before the design's figures, which end the output
@@ -169,6 +177,20 @@ def matrix_cmd(
     if outcome.zoom_summary:
         out.print(f"zoom {outcome.zoom_summary}", markup=False, highlight=False)
     out.print(f"results: {outcome.run.uri}")
+
+
+def check_misconfiguration(plan: Plan, *, cache_dir: Path | None, strict: bool) -> None:
+    """Env names and request fields vLLM would ignore: warnings on stderr, then every error on a line
+    of its own and exit 1 (`sweeper.misconfig` says which is which)."""
+    from sweeper import misconfig
+
+    matrix = plan.matrix
+    found = misconfig.check(matrix, plan.shas, cache_dir=cache_dir, strict=strict)
+    for f in found:
+        line = one_line(f"{matrix.path}: {f.key}: {f.message}")
+        sys.stderr.write(f"{'error' if f.error else 'warning'}: {line}\n")
+    if any(f.error for f in found):
+        raise typer.Exit(1)
 
 
 @app.command("report")
@@ -450,6 +472,8 @@ def bisect_cmd(
     gpus: Annotated[float | None, typer.Option(help="Logical GPU slots of the local cluster for simulator runs.")] = None,
     executor: ExecutorOpt = "ray",
     cache_dir: Annotated[Path | None, typer.Option(help="Per-commit environment cache.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the verdict as JSON (bisect.json; schema: runs/README.md) "
+                                                          "instead of text; progress stays on stderr.")] = False,
 ) -> None:
     """Find every change in the range: each failure mode's regressions and fixes, even when only some requests fail.
 
@@ -471,6 +495,9 @@ def bisect_cmd(
     except Interrupted as exc:
         raise exc.with_resume(resume_command("bisect", "--good", good, "--bad", bad, runs_dir=runs_dir,
                                              run_id=exc.run_id)) from None
+    if as_json:
+        sys.stdout.write(json.dumps(outcome.summary, indent=2, allow_nan=False) + "\n")
+        return
     out.print(report.render(outcome.summary), markup=False, highlight=False)
     out.print(f"results: {outcome.run.uri}")
 

@@ -258,6 +258,17 @@ class Cluster:
             return max(1, int(ray.available_resources().get("CPU", 1)))
         return int(ray.available_resources().get("GPU", 0.0) // gpus_per_cell)
 
+    def slots(self, gpus_per_cell: float) -> int:
+        """Groups the alive nodes can hold at once, node by node (a group never spans nodes). Not
+        `free_slots`: right after `warm` Ray still counts the warm-up tasks' GPUs as taken for a
+        while, and a bisect planned on that ran one server a round on a 4-slot machine."""
+        import ray
+
+        nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+        if gpus_per_cell <= 0:
+            return max(1, int(sum(float(r.get("CPU", 0.0)) for r in nodes)))
+        return sum(int(float(r.get("GPU", 0.0)) // gpus_per_cell) for r in nodes)
+
     def preflight(self, gpus_per_cell: float) -> None:
         """A cell asking for more GPUs than any node has would wait in Ray forever: refuse now.
         Then, on a local cluster, start a worker per slot (`warm`)."""

@@ -42,6 +42,10 @@ class Executor(Protocol):
     def free_slots(self, gpus_per_cell: float) -> int:
         """How many groups of `gpus_per_cell` GPUs can run at once right now."""
 
+    def slots(self, gpus_per_cell: float) -> int:
+        """How many groups of `gpus_per_cell` GPUs the whole cluster can run at once: its capacity,
+        not what happens to be free this instant (a round of a bisect is planned on it)."""
+
     def run(self, jobs: Sequence[GroupJob], *, on_start: OnStart | None = None,
             on_retry: OnRetry | None = None) -> Iterator[tuple[GroupJob, GroupResult]]:
         """Run every job; a failure of a job is its `error` rows, never an exception here."""

@@ -85,6 +85,9 @@ class InProcess:
             return self.cpus
         return int(self.capacity() // gpus_per_cell)
 
+    def slots(self, gpus_per_cell: float) -> int:
+        return self.free_slots(gpus_per_cell)
+
     def run(self, jobs: Sequence[GroupJob], *, on_start: OnStart | None = None,
             on_retry: OnRetry | None = None) -> Iterator[tuple[GroupJob, GroupResult]]:
         """Every job once; a group that raises outside the runner's own handling is its `error`

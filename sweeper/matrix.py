@@ -308,6 +308,12 @@ class ServerGroup:
     def group_id(self) -> str:
         return self.cells[0].cell_id if len(self.cells) == 1 else f"{_server_slug(self.head)}-{self.server_key[:8]}"
 
+    @property
+    def legacy_group_id(self) -> str:
+        """The group's name in runs written before cell ids kept every value (`legacy_cell_id`)."""
+        cell_id, server = legacy_cell_id(self.head)
+        return cell_id if len(self.cells) == 1 else f"{server}-{self.server_key[:8]}"
+
 
 @dataclass(frozen=True)
 class Matrix:
@@ -513,7 +519,66 @@ def _merge(base: Mapping[str, Any], combo: Mapping[str, Any], prefix: str) -> di
     return out
 
 
+# Cell ids name files (a group's samples, cells and log): every varying value is kept, escaped where
+# a character is unsafe in a file name or URL (`%XX`, as in a URL), and the id stays under a file name's
+# limit by shortening the names of settings, then long values (cut, with a hash of the whole value).
+_UNSAFE = re.compile(r"[^A-Za-z0-9._=~+,-]")
+ID_SLUG_CHARS = 120
+_SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION", re.IGNORECASE)
+
+
+def escape_id(text: str) -> str:
+    """`text` safe in a file name: `v0.28.0~3` stays as it is, `pr/12` becomes `pr%2F12`."""
+    return _UNSAFE.sub(lambda m: "".join(f"%{b:02X}" for b in m.group().encode()), text)
+
+
+def _id_value(value: Any) -> str:
+    return value if isinstance(value, str) else canonical(value)
+
+
+def _id_key(axis: str) -> str:
+    section, _, name = axis.partition(".")
+    if section == "env" and name.startswith("VLLM_"):
+        return name[len("VLLM_"):]
+    return name.lstrip("-")
+
+
+def _initials(key: str) -> str:
+    return "".join(w[0] for w in re.split(r"[_-]+", key) if w) or key[:1]
+
+
+def _server_parts(cell: Cell) -> list[str]:
+    spec = cell.spec_method + (str(cell.num_speculative_tokens) if cell.num_speculative_tokens is not None else "")
+    parts = [escape_id(cell.commit) or "commit", escape_id(spec)]
+    if cell.async_scheduling is not None:
+        parts.append("async" if cell.async_scheduling else "sync")
+    if cell.attention_backend:
+        parts.append(escape_id(cell.attention_backend.lower()))
+    return parts
+
+
 def _server_slug(cell: Cell) -> str:
+    return "-".join(_server_parts(cell))
+
+
+def cell_slug(cell: Cell) -> str:
+    """The readable part of a cell's id: commit, spec method, then every env/serve/request axis value."""
+    # A secret's value (a token in an axis) never names a file: its hash stands for it.
+    axes = [(k, short_hash(v, 6) if _SECRET.search(k.split(".", 1)[1].lstrip("-").replace("-", "_")) else _id_value(v))
+            for k, v in cell.values.items() if k.startswith(("env.", "serve.", "request."))]
+    head = _server_parts(cell)
+    for shorten in range(3):
+        keys = [(_id_key(k) if shorten == 0 else _initials(_id_key(k))) for k, _ in axes]
+        values = [v if shorten < 2 or len(v) <= 16 else f"{v[:11]}~{short_hash(v, 4)}" for _, v in axes]
+        slug = "-".join([*head, *(escape_id(f"{k}={v}") for k, v in zip(keys, values, strict=True))])
+        if len(slug) <= ID_SLUG_CHARS:
+            return slug
+    return slug[:ID_SLUG_CHARS]  # the hash that follows keeps it unique
+
+
+def legacy_cell_id(cell: Cell) -> tuple[str, str]:
+    """The id cells had before every value was kept, and their server slug (runs written then name
+    their groups by these)."""
     parts = [re.sub(r"[^A-Za-z0-9.]+", "", cell.commit)[:12] or "commit", cell.spec_method]
     if cell.num_speculative_tokens is not None:
         parts[-1] += str(cell.num_speculative_tokens)
@@ -521,7 +586,11 @@ def _server_slug(cell: Cell) -> str:
         parts.append("async" if cell.async_scheduling else "sync")
     if cell.attention_backend:
         parts.append(cell.attention_backend.lower())
-    return "-".join(parts)
+    slug = "-".join(parts)
+    extra = [f"{k.split('.', 1)[1]}={v}" for k, v in cell.values.items() if k.startswith(("env.", "serve.", "request."))]
+    if extra:
+        slug += "-" + "-".join(re.sub(r"[^A-Za-z0-9.=_]+", "", e)[:24] for e in extra)[:60]
+    return f"{slug}-{cell.cell_id.rsplit('-', 1)[-1]}", "-".join(parts)
 
 
 def make_cell(spec: MatrixFile, combo: Mapping[str, Any], axis_order: Sequence[str]) -> Cell:
@@ -553,11 +622,7 @@ def make_cell(spec: MatrixFile, combo: Mapping[str, Any], axis_order: Sequence[s
                    async_scheduling=combo.get("async_scheduling"), attention_backend=combo.get("attention_backend"),
                    env=env, serve=serve, request=request_fields, values=values, server_key=server_key,
                    settings_key=settings_key)
-    slug = _server_slug(partial)
-    extra = [f"{k.split('.', 1)[1]}={v}" for k, v in values.items() if k.startswith(("env.", "serve.", "request."))]
-    if extra:
-        slug += "-" + "-".join(re.sub(r"[^A-Za-z0-9.=_]+", "", e)[:24] for e in extra)[:60]
-    cell_id = f"{slug}-{short_hash({'server': server_key, 'request': partial.request})}"
+    cell_id = f"{cell_slug(partial)}-{short_hash({'server': server_key, 'request': partial.request})}"
     return Cell(**{**partial.__dict__, "cell_id": cell_id})
 
 

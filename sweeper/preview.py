@@ -7,12 +7,27 @@ from collections.abc import Mapping
 from typing import Any
 
 from sweeper.cost import Estimate
-from sweeper.matrix import canonical
+from sweeper.matrix import Cell, canonical
 from sweeper.sweep import Plan
 
 
+def serve_line(plan: Plan, cell: Cell) -> str:
+    """The `vllm serve` command line and environment that will start this cell's server, as requested
+    (the flags the installed version offers are learnt at start; secrets shown as <redacted>; the port
+    is chosen then too)."""
+    from sweeper.bugreport import Redactor, shell_command
+    from sweeper.vllm.flags import Command, serve_command
+
+    spec = plan.matrix.spec
+    launch = serve_command(cell, model=spec.model, spec_config=spec.spec_config, installed=Command(("vllm", "serve")),
+                           host="127.0.0.1", port=8000, api_key=None)
+    redact = Redactor(plan.matrix.raw)
+    return redact.text(shell_command(redact.argv(launch.argv), redact.env(dict(launch.env))).replace(" \\\n", " "))
+
+
 def plan_text(plan: Plan) -> list[tuple[str, list[str]]]:
-    """For --dry-run: each server to start, with the cells that reuse it."""
+    """For --dry-run: each server to start (its settings, then its `vllm serve` line), with the
+    cells that reuse it."""
     out = []
     for g in plan.groups:
         head = g.head
@@ -26,7 +41,7 @@ def plan_text(plan: Plan) -> list[tuple[str, list[str]]]:
         parts += [f"{k}={v}" for k, v in head.env.items() if _is_axis(plan, f"env.{k}")]
         parts += [f"{k} {v}" for k, v in head.serve.items() if _is_axis(plan, f"serve.{k}")]
         cells = [c.cell_id + _request_desc(c.request, plan) for c in g.cells]
-        out.append((", ".join(parts), cells))
+        out.append((", ".join(parts) + "\n    $ " + serve_line(plan, head), cells))
     return out
 
 

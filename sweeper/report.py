@@ -250,8 +250,13 @@ def _note(row: Mapping[str, Any]) -> str:
     ("ran other model_runner": the effective configuration differs there; markup)."""
     if row.get("status") != Status.OK:
         return escape(one_line(str(row.get("status_detail") or row.get("status"))))
-    differs = ", ".join(row["effective_differs"] if row.get("effective_differs") is not None else [])
-    return f"[yellow]ran other {escape(differs)}[/yellow]" if differs else ""
+    names = list(row["effective_differs"]) if row.get("effective_differs") is not None else []
+    # env.* / request.* entries are names vLLM said it ignored (an unknown env var, a field outside its schema).
+    ignored = [n for n in names if n.startswith(("env.", "request."))]
+    other = [n for n in names if n not in ignored]
+    parts = ([f"ran other {', '.join(other)}"] if other else []) + ([f"ignored by vLLM: {', '.join(ignored)}"]
+                                                                   if ignored else [])
+    return f"[yellow]{escape('; '.join(parts))}[/yellow]" if parts else ""
 
 
 def environments_table(envs: Iterable[EnvInfo], *, now: float | None = None) -> Table:

@@ -360,7 +360,9 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | N
         run = open_run(runs_dir, run_id or new_run_id(plan.matrix.name), create=True)
         run.write_manifest(plan.manifest(run.run_id))
     done = run.done_groups()
-    jobs = [j for j in jobs_for(plan, run, cache_dir) if j.group.group_id not in done]
+    # A run written before cell ids kept every value names its groups the old way.
+    jobs = [j for j in jobs_for(plan, run, cache_dir)
+            if j.group.group_id not in done and j.group.legacy_group_id not in done]
     outcome = RunOutcome(run, plan, skipped=sorted(done), notes=notes)
     manifest = run.read_manifest()
     outcome.phases = list(phases_of(manifest, sorted(done))) if isinstance(manifest, SweepManifest) else []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -97,11 +98,41 @@ def test_bisect_as_typed_names_both_culprits_and_the_fix_with_their_cells(
     sweep = run_matrix(root / "m.yaml", runs_dir=runs, run_id="sweep", executor=choose(gpus=4), cache_dir=cache)
     envs_after_sweep = {e.sha for e in list_environments(cache)}
 
-    outcome = run_bisect(BisectScope(good="v0.27", bad="main"),
-                         BisectOptions(runs_dir=runs, run_id="b", parallel=4, cache_dir=cache))
+    # As typed: no --parallel. Three of the four slots are taken when the bisect plans its rounds (as
+    # Ray still counts them right after its warm-up): the rounds are planned on the cluster's four.
+    import ray
+
+    release = tmp_path / "release"
+
+    @ray.remote(num_gpus=3, num_cpus=0)
+    def hold(flag: str) -> None:
+        while not Path(flag).exists():
+            time.sleep(0.05)
+
+    held = hold.remote(str(release))
+    while ray.available_resources().get("GPU", 0) > 1:
+        time.sleep(0.05)
+    events: list[str] = []
+
+    def on_event(line: str) -> None:
+        events.append(line)
+        if "per round" in line:
+            release.touch()  # the rounds are planned: give the slots back
+
+    try:
+        outcome = run_bisect(BisectScope(good="v0.27", bad="main"),
+                             BisectOptions(runs_dir=runs, run_id="b", cache_dir=cache), on_event=on_event)
+    finally:
+        release.touch()
+        ray.get(held)
+    assert "4 server starts per round" in events
+    rounds = [e for e in events if e.startswith("round ")]
+    assert rounds and all(" GPU-s" in e for e in rounds)
     summary = outcome.summary
+    assert summary["rounds"] < summary["server_starts"]
     text = render(summary)
-    assert text.startswith("Changes by commit:")
+    assert text.startswith("Changes by commit (newest first):")
+    assert "Next: a bug report per change:" in text and "sweep report sweep --issue --mode " in text
     labels = {t.label for t in outcome.targets}
     # Every cell that changed and only those: MTP (FSM), none + V2 (budget), ngram (the fix); each x 2 top_p.
     assert len(labels) == 2 + 2 + 2

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from reportruns import TOKEN, TOKEN_AXIS
 from typer.testing import CliRunner
 
@@ -94,3 +95,29 @@ def test_redactor() -> None:
     assert r.text("key s3cr3t-key and hf_abcdefghijklmnopqrstu, Bearer abc.def-123456") == \
         "key <redacted> and <redacted>, Bearer <redacted>"
     assert r.text("ghp_" + "a" * 36 + " sk-" + "b" * 20) == "<redacted> <redacted>"
+
+
+def test_a_server_that_failed_is_a_bug_report_with_its_reason(tmp_path: Path, tiny_suite: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A serve-flag typo: no request is answered, the cells are `server_failed`; `--explain` has the
+    mode and `--issue` reports it with the server's reason and command (it used to raise on the
+    mode's missing samples)."""
+    from conftest import make_sim_repo, run_cli
+
+    from sweeper.executor import choose
+    from sweeper.sweep import run_matrix
+
+    repo = tmp_path / "vllm"
+    make_sim_repo(repo, [("main", {})])
+    path = tmp_path / "m.yaml"
+    path.write_text(f"name: t\nmodel: m\nsuite: {tiny_suite}\ninstall: {{kind: sim, repo: {repo}}}\n"
+                    "serve: {--reasoning-parsr: qwen3}\ntimeouts: {startup_s: 30, request_s: 10}\n"
+                    "axes: {commit: [main], spec_method: [none, mtp]}\n")
+    run_matrix(path, runs_dir=tmp_path / "runs", run_id="r", executor=choose("local"), cache_dir=tmp_path / "cache")
+    code, out, err = run_cli(["report", "r", "--runs-dir", str(tmp_path / "runs"), "--explain"], capsys)
+    assert code == 0 and "mode 1: server_failed  (2 of 2 server starts failed)" in out
+    code, out, err = run_cli(["report", "r", "--runs-dir", str(tmp_path / "runs"), "--issue"], capsys)
+    assert code == 0 and "Traceback" not in err, err
+    assert "**Failure mode:** `server_failed` — 2 failing server starts." in out
+    assert "--reasoning-parsr is not offered; commit main has vLLM 0.27.0" in out
+    assert "vllm serve m --host 127.0.0.1 --port 8000" in out and "--reasoning-parsr qwen3" in out

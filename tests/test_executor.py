@@ -3,6 +3,8 @@ the CLI chooses it by name; it refuses what it can never schedule and deals GPUs
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -82,3 +84,31 @@ def test_the_demo_in_process_matches_the_demo_on_ray(tmp_path: Path, demo_run: R
     in_process = analysis.load_cells(demo_run)[COMPARED].sort_values("cell_id").reset_index(drop=True)
     assert len(in_process) == 48 and in_process["n_failed"].sum() > 0
     assert in_process.astype(str).equals(on_ray.astype(str)), in_process.compare(on_ray)
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_clusters_slots_are_its_capacity_not_what_is_free_this_instant(tmp_path: Path) -> None:
+    """A bisect plans its rounds on `slots`: right after the warm-up Ray still counts the warm-up
+    tasks' GPUs as taken, and a round planned on the free ones ran one server at a time."""
+    import ray
+
+    from sweeper.cluster import Cluster
+
+    release = tmp_path / "release"
+
+    @ray.remote(num_gpus=3, num_cpus=0)
+    def hold(flag: str) -> None:
+        while not os.path.exists(flag):
+            time.sleep(0.05)
+
+    held = hold.remote(str(release))
+    try:
+        with Cluster() as cluster:
+            deadline = time.monotonic() + 30
+            while cluster.free_slots(1) != 1 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert cluster.free_slots(1) == 1  # three of the four are taken right now
+            assert cluster.slots(1) == 4 and cluster.slots(2) == 2 and cluster.slots(0) >= 1
+    finally:
+        release.touch()
+        ray.get(held)

@@ -163,3 +163,37 @@ def test_shipped_matrices_load():
     assert {c.spec_method for c in demo.cells} >= {"none", "mtp"}
     thor = load_matrix(root / "thor.yaml")
     assert thor.spec.install.kind == "wheels"
+
+
+def test_cell_ids_keep_every_varying_value_escaped_not_dropped():
+    demo = load_matrix(Path(__file__).parent.parent / "matrices" / "demo.yaml")
+    by_values = {(c.commit, c.spec_method, c.env.get("VLLM_USE_V2_MODEL_RUNNER"), c.request.get("temperature")):
+                 c.cell_id for c in demo.cells}
+    assert by_values[("v0.27.0", "none", "0", 0)] == "v0.27.0-none-USE_V2_MODEL_RUNNER=0-temperature=0-360319"
+    assert by_values[("v0.27.0", "none", "1", 0)] == "v0.27.0-none-USE_V2_MODEL_RUNNER=1-temperature=0-63e360"
+    assert by_values[("v0.28.0~3", "mtp", "1", 0.6)].startswith("v0.28.0~3-mtp4-USE_V2_MODEL_RUNNER=1-temperature=0.6-")
+    # Runs written before keep their names: a resumed one finds its groups under them.
+    (group,) = [g for g in demo.groups() if len(g.cells) == 2 and g.head.commit == "v0.28.0~3"][:1]
+    assert group.legacy_group_id.startswith("v0.28.03-") and group.group_id.startswith("v0.28.0~3-")
+
+
+def test_cell_ids_escape_what_a_file_name_cannot_hold_and_stay_short(tmp_path):
+    long_value = "x" * 200
+    text = BASE + ("axes:\n  commit: [pr/12, 'v1^2']\n  spec_method: [none]\n"
+                   f"  env.VLLM_SOME_VERY_LONG_VARIABLE_NAME_FOR_A_TEST: ['{long_value}', '{long_value}y']\n"
+                   "  serve.--max-model-len: [4096, 8192]\n  request.chat_template_kwargs: [{enable_thinking: true}]\n")
+    cells = load_matrix(write(tmp_path, text)).cells
+    ids = {c.cell_id for c in cells}
+    assert len(ids) == len(cells) == 8
+    assert all(len(i) <= 130 and "/" not in i and " " not in i for i in ids)
+    assert any(i.startswith("pr%2F12-none-") for i in ids) and any(i.startswith("v1%5E2-none-") for i in ids)
+    # Every value is there, the long ones cut with their own hash: 200 x's and 200 x's + y differ.
+    assert len({i.split("-")[2] for i in ids}) == 2
+    assert all("max-model-len=4096" in i or "max-model-len=8192" in i or "mml=4096" in i or "mml=8192" in i
+               for i in ids)
+
+
+def test_a_secret_axis_value_never_names_a_file(tmp_path):
+    text = BASE + "axes:\n  commit: [v1]\n  spec_method: [none]\n  env.HF_TOKEN: [hf_PlantedSecretToken0123456789]\n"
+    (cell,) = load_matrix(write(tmp_path, text)).cells
+    assert "hf_Planted" not in cell.cell_id and "HF_TOKEN=" in cell.cell_id

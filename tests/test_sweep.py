@@ -241,18 +241,41 @@ def test_dry_run_groups_cells_by_server(tmp_path: Path, tiny_suite: Path) -> Non
     assert not (tmp_path / "runs" / "t").exists()
 
 
-def run_notebook(path: Path, run_dir: Path) -> None:
+def run_notebook(path: Path, run_dir: Path, env: dict[str, str] | None = None) -> None:
+    """Execute the notebook on `run_dir` (named by SWEEP_RUN, or by the variables in `env`)."""
     import nbformat
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
-    os.environ["SWEEP_RUN"] = str(run_dir)
+    env = env if env is not None else {"SWEEP_RUN": str(run_dir)}
+    old = {k: os.environ.get(k) for k in ("SWEEP_RUN", "SWEEP_RUNS", "SWEEP_RUNS_DIR")}
+    for k in old:
+        os.environ.pop(k, None)
+    os.environ.update(env)
     try:
         NotebookClient(nb, timeout=120, kernel_name="python3",
                        resources={"metadata": {"path": str(path.parent)}}).execute()
     finally:
-        os.environ.pop("SWEEP_RUN", None)
+        for k, v in old.items():
+            os.environ.pop(k, None)
+            if v is not None:
+                os.environ[k] = v
     assert (run_dir / "heatmap.png").stat().st_size > 1000
+
+
+def test_the_notebook_finds_the_runs_where_the_cli_does(tmp_path: Path, tiny_suite: Path) -> None:
+    """SWEEP_RUNS_DIR, the variable of every command's --runs-dir, is the notebook's too."""
+    from sweeper.executor import choose
+
+    repo = tmp_path / "vllm"
+    make_sim_repo(repo, [("main", {})])
+    path = tmp_path / "m.yaml"
+    path.write_text(f"name: t\nmodel: m\nsuite: {tiny_suite}\ninstall: {{kind: sim, repo: {repo}}}\n"
+                    "timeouts: {startup_s: 30, request_s: 10}\naxes: {commit: [main], spec_method: [none, mtp]}\n")
+    run = run_matrix(path, runs_dir=tmp_path / "runs", run_id="r", executor=choose("local"),
+                     cache_dir=tmp_path / "cache").run
+    run_notebook(Path(__file__).parent.parent / "notebooks" / "failure-rates.ipynb", run.root,
+                 env={"SWEEP_RUNS_DIR": str(tmp_path / "runs")})
 
 
 def test_a_crash_on_the_last_request_is_a_crash(tmp_path: Path, tiny_suite: Path) -> None:

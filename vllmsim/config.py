@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllmsim import envs
 from vllmsim.logs import Line
 from vllmsim.tree import Tree
 
@@ -88,21 +89,6 @@ TOOL_PARSERS = (
     "seed_oss",
 )
 STRUCTURED_BACKENDS = ("auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer")
-_KNOWN_ENV = frozenset(
-    {
-        "VLLM_USE_V2_MODEL_RUNNER",
-        "VLLM_LOGGING_LEVEL",
-        "VLLM_CACHE_ROOT",
-        "VLLM_HOST_IP",
-        "VLLM_PORT",
-        "VLLM_API_KEY",
-        "VLLM_CPU_KVCACHE_SPACE",
-        "VLLM_USE_PRECOMPILED",
-        "VLLM_CONFIGURE_LOGGING",
-        "VLLM_LOGGING_STREAM",
-        "VLLM_WORKER_MULTIPROC_METHOD",
-    }
-)
 _TRUE = ("1", "true", "yes", "on")
 
 
@@ -358,9 +344,7 @@ def _refuse(out: Startup, message: str, where: str) -> Startup:
 
 
 def _known_env(release: tuple[int, int, int]) -> frozenset[str]:
-    # VLLM_ATTENTION_BACKEND was retired; strict tool calling arrived in 0.24.
-    extra = {"VLLM_ENFORCE_STRICT_TOOL_CALLING"} if release >= (0, 24, 0) else set()
-    return _KNOWN_ENV | extra
+    return frozenset(envs.names_for(release))
 
 
 def _non_default(ns: argparse.Namespace) -> dict[str, Any]:

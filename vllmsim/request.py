@@ -48,6 +48,32 @@ class ChatRequest:
         }
 
 
+# The request fields vLLM's ChatCompletionRequest declares (OpenAI's and vLLM's own); any other field
+# is accepted and ignored, with a log line (`ignored_fields_line`).
+CHAT_FIELDS: frozenset[str] = frozenset({
+    "messages", "model", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "max_tokens",
+    "max_completion_tokens", "n", "presence_penalty", "response_format", "seed", "stop", "stream",
+    "stream_options", "temperature", "top_p", "tools", "tool_choice", "reasoning_effort", "include_reasoning",
+    "parallel_tool_calls", "user", "function_call", "functions", "metadata", "store", "modalities", "audio",
+    "prediction", "service_tier", "web_search_options", "verbosity", "safety_identifier", "prompt_cache_key",
+    "best_of", "use_beam_search", "top_k", "min_p", "repetition_penalty", "length_penalty", "stop_token_ids",
+    "include_stop_str_in_output", "ignore_eos", "min_tokens", "skip_special_tokens",
+    "spaces_between_special_tokens", "truncate_prompt_tokens", "prompt_logprobs", "allowed_token_ids",
+    "bad_words", "echo", "add_generation_prompt", "continue_final_message", "add_special_tokens", "documents",
+    "chat_template", "chat_template_kwargs", "mm_processor_kwargs", "structured_outputs", "guided_json",
+    "guided_regex", "guided_choice", "guided_grammar", "structural_tag", "guided_decoding_backend",
+    "guided_whitespace_pattern", "priority", "request_id", "logits_processors", "return_tokens_as_token_ids",
+    "return_token_ids", "cache_salt", "kv_transfer_params", "vllm_xargs", "thinking_token_budget",
+})
+# vLLM logs ignored fields at WARNING before 0.20 and at DEBUG from then on (shown only with
+# VLLM_LOGGING_LEVEL=DEBUG).
+IGNORED_AT_DEBUG_SINCE = (0, 20, 0)
+
+
+def ignored_fields(body: dict[str, Any]) -> set[str]:
+    return set(body) - CHAT_FIELDS
+
+
 # Fields that change how an answer is delivered, not which tokens it has.
 _TRANSPORT = frozenset({"stream", "stream_options", "return_token_ids", "logprobs", "top_logprobs", "user"})
 

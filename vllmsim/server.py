@@ -21,9 +21,9 @@ from vllmsim import chat
 from vllmsim.behaviour import Behaviour
 from vllmsim.config import EngineConfig, Startup
 from vllmsim.generate import Channel
-from vllmsim.logs import Logger
+from vllmsim.logs import Line, Logger
 from vllmsim.metrics import Metrics
-from vllmsim.request import ChatRequest, RequestError, parse
+from vllmsim.request import IGNORED_AT_DEBUG_SINCE, ChatRequest, RequestError, ignored_fields, parse
 from vllmsim.tree import Bug, Effect, Tree
 
 _ROUTES = ("/health", "/metrics", "/version", "/v1/models", "/v1/chat/completions")
@@ -129,6 +129,11 @@ class Handler(BaseHTTPRequestHandler):
             engine.log.error_line("serving_chat.py:253", f"Error with request {rid}: {exc.message}")
             self._json(exc.status, exc.body())
             return
+        if extra := ignored_fields(body):
+            level = "DEBUG" if engine.cfg.release >= IGNORED_AT_DEBUG_SINCE else "WARNING"
+            if level == "WARNING" or os.environ.get("VLLM_LOGGING_LEVEL", "").upper() == "DEBUG":
+                engine.log.emit(Line(level, "protocol.py:51",
+                                     f"The following fields were present in the request but ignored: {extra}"))
         n, bugs = engine.behaviour.bites(req.canonical, req.traits())
         engine.log.info_line("async_llm.py:351", f"Added request {rid}.")
         effects = {b.effect for b in bugs}

@@ -46,6 +46,7 @@ from sweeper.bisect.evidence import (
     run_starts,
     server_starts,
 )
+from sweeper.bisect.progress import beliefs, round_line
 from sweeper.bisect.report import ReportCell, describe, named_commits
 from sweeper.bisect.search import BisectReport, Observation, Search, SearchOptions
 from sweeper.bisect.select import ends, screen, select_cell, select_cells
@@ -92,7 +93,7 @@ class BisectOptions:
 
     confidence: float = 0.99  # a change is settled when its posterior probability reaches this
     max_samples: int | None = None  # requests per cell before the search stops
-    parallel: int | None = None  # server starts per round; None: the executor's free GPU slots
+    parallel: int | None = None  # server starts per round; None: the GPU slots of the whole cluster
     widen: bool = False  # move good back while a mode failing at bad started before the range
     cache_dir: Path | None = None  # per-commit environments
     runs_dir: str | Path = "runs"
@@ -112,6 +113,7 @@ class Subject:
     matrix: Matrix
     cells: list[Cell]
     suite: Suite
+    from_run: str | None = None  # the sweep run the cells were chosen from
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,7 @@ class Bisector:
     def __init__(self, subject: Subject, span: Range, run: RunDir, options: BisectOptions,
                  on_event: Callable[[str], None]) -> None:
         self.matrix, self.suite, self.span, self.run, self.options = subject.matrix, subject.suite, span, run, options
+        self.from_run = subject.from_run
         self.targets = [Target(c) for c in subject.cells]
         self.commits = span.commits
         self.say = on_event
@@ -190,6 +193,13 @@ class Bisector:
 
     def reused_samples(self) -> int:
         return sum(len(st.sets) for t in self.targets for ev in t.evidence.values() for st in ev.starts if st.reused)
+
+    def reused_starts(self) -> list[dict[str, str]]:
+        """The stored server starts used before any probe: (run, group, commit), each once however
+        many of the targets it served."""
+        seen = {(st.key[0], st.key[1], sha) for t in self.targets for sha, ev in t.evidence.items()
+                for st in ev.starts if st.reused}
+        return [{"run_id": r, "group_id": g, "commit": sha} for r, g, sha in sorted(seen)]
 
     # ---- probing ----------------------------------------------------------------------
 
@@ -264,18 +274,21 @@ class Bisector:
                          "status": status, "n_samples": len(sets), "n_failed": sum(counts.values()),
                          "mode_failures": list(counts.items()), "reused": False, "group_id": name,
                          "gpu_seconds": gpu})
-            self.say(f"probe {probe_no} round {self.round}: {sha[:10]} (position {self.commits.index(sha)}) "
-                     f"{t.label} -> {status}, {sum(counts.values())}/{len(sets)} failed")
         self.run.write_table(f"probes/{name}.parquet", table(rows, PROBE_SCHEMA))
 
     def drive(self, executor: Executor, slots: int) -> list[BisectReport]:
         """Rounds until no search wants a probe; the state after each round goes to bisect.json."""
         first = self.round
+        plan: list[tuple[str, list[tuple[Target, int]]]] = []
+        reused = len(self.reused_starts())
         while True:
             searches = self.searches()
             reports = [s.result() for s in searches]
             if self.round > first:
                 self.save_state(reports, final=False)
+                self.say(round_line(self.round, [self.commits.index(sha) for sha, _ in plan], len(self.commits) - 1,
+                                    starts=self.probe_no, reused_starts=reused, gpu_seconds=self.gpu_seconds,
+                                    found=beliefs(reports, self.commits)))
             plan = self.plan_round(searches, slots)
             if not plan:
                 return reports
@@ -286,7 +299,8 @@ class Bisector:
         summary = describe(reports, cells, self.commits,
                            {sha: self.span.history.info(sha) for sha in named_commits(reports)})
         summary.update({"run_id": self.run.run_id, "final": final, "rounds": self.round, "server_starts": self.probe_no,
-                        "reused_samples": self.reused_samples(), "gpu_seconds": self.gpu_seconds,
+                        "reused_samples": self.reused_samples(), "reused_starts": self.reused_starts(),
+                        "issue_run": self.from_run or self.run.run_id, "gpu_seconds": self.gpu_seconds,
                         "sweeper": __version__, "updated": now_utc().isoformat()})
         self.run.write_json("bisect.json", summary)
         return summary
@@ -385,7 +399,8 @@ def cells_from_run(scope: BisectScope, runs_dir: str | Path, on_event: Callable[
         raise BisectError(f"run {run.run_id}: no cell fails differently at {bad} than at {good} "
                           f"({found.checked} cell(s) measured at both{hint}); nothing to bisect")
     on_event(f"run {run.run_id}: {len(found.chosen)} of {len(candidates)} cell(s) change between {good} and {bad}")
-    return Subject(matrix, sorted((candidates[k] for k in found.chosen), key=lambda c: c.cell_id), suite)
+    return Subject(matrix, sorted((candidates[k] for k in found.chosen), key=lambda c: c.cell_id), suite,
+                   from_run=run.run_id)
 
 
 def bisect_cells(subject: Subject, scope: BisectScope, options: BisectOptions, *,
@@ -412,7 +427,7 @@ def bisect_cells(subject: Subject, scope: BisectScope, options: BisectOptions, *
     try:
         with (executor or choose())(matrix) as ex:
             ex.preflight(matrix.spec.gpus_per_cell)
-            k = options.parallel or max(1, ex.free_slots(matrix.spec.gpus_per_cell))
+            k = options.parallel or max(1, ex.slots(matrix.spec.gpus_per_cell))
             on_event(f"{k} server start{'' if k == 1 else 's'} per round")
             while True:
                 run.write_manifest(BisectManifest(
@@ -422,7 +437,9 @@ def bisect_cells(subject: Subject, scope: BisectScope, options: BisectOptions, *
                     suite_digest=suite.digest, repo=history.where))
                 b = Bisector(subject, Range(history, repo_path, commits), run, options, on_event)
                 if b.reused_samples():
-                    on_event(f"reusing {b.reused_samples()} stored samples")
+                    runs = sorted({st["run_id"] for st in b.reused_starts()})
+                    on_event(f"reusing {b.reused_samples()} stored samples of {len(b.reused_starts())} server "
+                             f"start(s) (run {', '.join(runs)}) before any probe")
                 reports = b.drive(ex, k)
                 older = _widen_to(reports, history, commits, bad_sha) if options.widen else None
                 if older is None:

@@ -39,6 +39,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
+import math
+import shlex
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -83,6 +86,18 @@ def _pairs(changes: Sequence[Change]) -> dict[int, tuple[str | None, str | None]
     return out
 
 
+def _swaps(changes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """At one commit, a fix of one mode and a regression of another in the same cells: the commit
+    swaps one failure for another (the cells still fail, differently)."""
+    out = []
+    for fix in (c for c in changes if c["direction"] == Direction.FIX.value):
+        for reg in (c for c in changes if c["direction"] == Direction.REGRESSION.value):
+            cells = [lb for lb in fix["cells"] if lb in set(reg["cells"])]
+            if cells:
+                out.append({"fixed": fix["mode"], "brought": reg["mode"], "cells": cells})
+    return out
+
+
 def named_commits(reports: Iterable[BisectReport]) -> set[str]:
     """The commits `describe` names, so that its caller can look up their `COMMIT` entries."""
     out = set()
@@ -118,7 +133,10 @@ def describe(reports: Sequence[BisectReport], cells: Sequence[ReportCell], commi
             change_rows.append(row)
             if c.found:
                 by_commit[c.commit].append({"mode": c.mode, "direction": c.direction.value,
-                                            "confidence": c.confidence, "cells": [target.label]})
+                                            "confidence": c.confidence, "cells": [target.label],
+                                            "settings": [dict(target.settings)],
+                                            "before": _seen(c.before.failures, c.before.samples),
+                                            "after": _seen(c.after.failures, c.after.samples)})
         failing = []
         for m in rep.failing_at_bad:
             started = m.started
@@ -146,11 +164,16 @@ def describe(reports: Sequence[BisectReport], cells: Sequence[ReportCell], commi
         for ch in by_commit[sha]:
             key = (ch["mode"], ch["direction"])
             if key in grouped:
-                grouped[key]["cells"] += ch["cells"]
-                grouped[key]["confidence"] = min(grouped[key]["confidence"], ch["confidence"])
+                g = grouped[key]
+                g["cells"] += ch["cells"]
+                g["settings"] += ch["settings"]
+                g["confidence"] = min(g["confidence"], ch["confidence"])
+                for side in ("before", "after"):
+                    g[side] = {k: g[side][k] + ch[side][k] for k in ("failures", "samples")}
             else:
-                grouped[key] = dict(ch)
-        merged_by_commit.append({"commit": info(sha), "changes": list(grouped.values())})
+                grouped[key] = {**ch, "cells": list(ch["cells"]), "settings": list(ch["settings"])}
+        changes_here = list(grouped.values())
+        merged_by_commit.append({"commit": info(sha), "changes": changes_here, "swaps": _swaps(changes_here)})
     return {"schema": SCHEMA, "range": {"good": commits[0], "bad": commits[-1], "commits": len(commits) - 1},
             "confidence": reports[0].confidence if reports else None, "by_commit": merged_by_commit,
             "cells": rows}
@@ -208,20 +231,181 @@ def _no_change(cell: dict[str, Any], confidence: float) -> str:
         + f", short of the {_pct(confidence)} target"
 
 
-def render(summary: dict[str, Any]) -> str:
-    """The report as plain text: what fails at bad and where it started, then every change."""
-    out: list[str] = []
-    many = len(summary["cells"]) > 1
-    if many and summary["by_commit"]:
-        out.append("Changes by commit:")
-        for entry in summary["by_commit"]:
-            out.append(f"  {_commit(entry['commit'])}")
-            for ch in entry["changes"]:
-                out.append(f"    {ch['direction']} of {ch['mode']} — {len(ch['cells'])} cell(s): "
-                           + "; ".join(ch["cells"]))
-        out.append("")
+def _value(v: Any) -> str:
+    return v if isinstance(v, str) else json.dumps(v, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def compact_cells(settings: Sequence[Mapping[str, Any]]) -> str:
+    """Cells on one line: the settings they share once, then what varies. When the cells are every
+    combination of the varying values, `axis∈{a, b}` per axis; else each cell's varying settings."""
+    if not settings:
+        return "no cell"
+    axes = list(dict.fromkeys(k for c in settings for k in c))
+    values = {a: sorted(dict.fromkeys(_value(c.get(a, "unset")) for c in settings)) for a in axes}
+    fixed = [f"{a}={vs[0]}" for a, vs in values.items() if len(vs) == 1]
+    varying = [a for a, vs in values.items() if len(vs) > 1]
+    n = len(settings)
+    if not varying:
+        return " ".join(fixed) or "(the only cell)"
+    combos = {tuple(_value(c.get(a, "unset")) for a in varying) for c in settings}
+    product = math.prod(len(values[a]) for a in varying)
+    if len(combos) == n == product:
+        parts = [f"{a}∈{{{', '.join(values[a])}}}" for a in varying]
+    else:
+        parts = ["{" + "; ".join(" ".join(f"{a}={v}" for a, v in zip(varying, combo, strict=True))
+                                 for combo in sorted(combos)) + "}"]
+    return f"{n} cells: " + " ".join([*fixed, *parts])
+
+
+def _cells_of(ch: Mapping[str, Any]) -> str:
+    settings = ch.get("settings")
+    if settings:
+        return compact_cells(settings)
+    return f"{len(ch['cells'])} cell(s): " + "; ".join(ch["cells"])  # an older bisect.json
+
+
+def _pooled(seen: Mapping[str, Any] | None) -> str:
+    return _seen_text(dict(seen)) if seen else "?"
+
+
+def _by_change(summary: Mapping[str, Any]) -> list[str]:
+    """Every change found, newest commit first, each with the cells it changed listed compactly."""
+    out = ["Changes by commit (newest first):"]
+    for entry in summary["by_commit"]:
+        out.append(f"  {_commit(entry['commit'])}")
+        for ch in entry["changes"]:
+            rates = f": {_pooled(ch.get('before'))} -> {_pooled(ch.get('after'))} failed" if ch.get("before") else ""
+            out.append(f"    {ch['direction']} of {ch['mode']}{rates}, confidence {_pct(ch['confidence'])}")
+            out.append(f"      {_cells_of(ch)}")
+        for sw in entry.get("swaps") or []:
+            out.append(f"    a swap, not a fix: it ends {sw['fixed']} but brings {sw['brought']} in "
+                       f"{len(sw['cells'])} cell(s), which still fail")
+    return out
+
+
+def _still_failing(summary: Mapping[str, Any]) -> list[str]:
+    """What fails at bad, by mode: its cells and the change that brought it."""
+    by_mode: dict[str, list[tuple[Mapping[str, Any], Mapping[str, Any]]]] = defaultdict(list)
     for cell in summary["cells"]:
-        out.append(f"cell {cell['label']}:" if many or cell["label"] != "(the only cell)" else "the cell:")
+        for f in cell["failing_at_bad"]:
+            by_mode[f["mode"]].append((cell, f))
+    if not by_mode:
+        return []
+    out = ["Fails at bad:"]
+    for mode, found in by_mode.items():
+        started = {f["started"]["commit"]["short"]: f["started"] for _, f in found if f["started"]}
+        where = "; ".join(f"started at {_commit(ch['commit'])}" if ch["located"] else
+                          f"started in {ch['n_candidates']} commits {ch['candidates'][0]['short']}.."
+                          f"{ch['candidates'][-1]['short']}" for ch in started.values())
+        if any(f["before_good"] for _, f in found):
+            where = "; ".join(x for x in (where, "fails at good too: it started before the range (try --widen)") if x)
+        out.append(f"  {mode}: {compact_cells([c['cell'] for c, _ in found])}")
+        out.append(f"    {where or 'where it started is undecided'}")
+    return out
+
+
+def _cell_notes(cell: Mapping[str, Any], summary: Mapping[str, Any]) -> list[str]:
+    """What the grouped view does not say about a cell: an endpoint that passes or could not be
+    tested, no change located, a search stopped at a limit."""
+    out = []
+    state = cell["bad_endpoint"]
+    if state == BadEndpoint.PASSES.value:
+        out.append("the bad endpoint passes: nothing fails there (no failure mode at >= 1% with the target confidence)")
+    elif state == BadEndpoint.UNTESTABLE.value:
+        out.append("the bad endpoint is untestable: " + "; ".join(r for s, r in cell["skipped"]
+                                                                  if s == summary["range"]["bad"]))
+    elif state == BadEndpoint.UNDECIDED.value:
+        out.append("the bad endpoint showed no failure, but too few samples to say it passes")
+    if not cell["changes"] and state == BadEndpoint.FAILS.value:
+        out.append(_no_change(dict(cell), summary.get("confidence") or 0.99).strip())
+    unsettled = [ch for ch in cell["changes"] if not ch["found"]]
+    for ch in unsettled:
+        out.extend(line.strip() for line in _change(ch).splitlines()[:2])
+    for m in cell["modes"]:
+        for d in m.get("drifts", []):
+            out.append(f"the rate of {m['mode']} drifts between {d['first'][:12]} and {d['last'][:12]} "
+                       f"({100 * d['rate_from']:.1f}% to {100 * d['rate_to']:.1f}%), not a change at one commit")
+    if not cell["done"]:
+        out.append(f"stopped at a limit with {cell['open']} open question(s): raise --max-samples")
+    undecided = [m["mode"] for m in cell["modes"] if not m.get("decided", True)]
+    if undecided and cell.get("to_decide_gpu_seconds"):
+        out.append(f"undecided for {', '.join(undecided)}: about {cell['to_decide_gpu_seconds'] / 3600:.1f} "
+                   "GPU-hours more would decide")
+    if cell["skipped"]:
+        out.append(f"{len(cell['skipped'])} untestable commit(s): "
+                   + "; ".join(f"{sha[:10]} ({why})" for sha, why in cell["skipped"][:3]))
+    return out
+
+
+def _reused(summary: Mapping[str, Any]) -> str | None:
+    starts = summary.get("reused_starts") or []
+    if not starts:
+        return None
+    runs: dict[str, set[str]] = defaultdict(set)
+    for st in starts:
+        runs[st["run_id"]].add(st["commit"][:10])
+    return "reused " + "; ".join(f"{sum(1 for st in starts if st['run_id'] == r)} stored server start(s) of run {r} "
+                                 f"(at {', '.join(sorted(shas))})" for r, shas in runs.items()) \
+        + " before probing; the endpoints get two starts each (one cannot tell a change from start-to-start variation)"
+
+
+def next_steps(summary: Mapping[str, Any]) -> list[str]:
+    """One `sweep report --issue` command per change found: the bug report for it."""
+    run = summary.get("issue_run") or summary.get("run_id")
+    if not run:
+        return []
+    changes: dict[str, list[str]] = defaultdict(list)  # one report per mode, naming each of its changes
+    for entry in summary["by_commit"]:
+        for ch in entry["changes"]:
+            changes[ch["mode"]].append(f"{ch['direction']} at {entry['commit']['short']}")
+    out = [f"  {shlex.join(['sweep', 'report', str(run), '--issue', '--mode', mode])}   # {', '.join(where)}"
+           for mode, where in changes.items()]
+    return ["Next: a bug report per change:", *out] if out else []
+
+
+def render(summary: dict[str, Any]) -> str:
+    """The report as plain text. Several cells: every change grouped by commit with its cells listed
+    compactly, what still fails at bad, notes per cell only where there is more to say. One cell:
+    what fails at bad and where it started, then every change. Both end with the next step."""
+    cells = summary["cells"]
+    if len(cells) <= 1:
+        return _render_one(summary)
+    out: list[str] = []
+    if summary["by_commit"]:
+        out += [*_by_change(summary), ""]
+    else:
+        out += ["No change found in the range in any of the cells.", ""]
+    failing = _still_failing(summary)
+    if failing:
+        out += [*failing, ""]
+    notes = [(c, _cell_notes(c, summary)) for c in cells]
+    if any(n for _, n in notes):
+        out.append("Per cell:")
+        for cell, lines in notes:
+            if lines:
+                out.append(f"  {cell['label']}:")
+                out.extend(f"    {line}" for line in lines)
+        out.append("")
+    out += _closing(summary)
+    return "\n".join(out)
+
+
+def _closing(summary: Mapping[str, Any]) -> list[str]:
+    starts, rounds = summary.get("server_starts", 0), summary.get("rounds", 0)
+    out = [(f"{summary['range']['commits']} commits after good; {starts} server start{'' if starts == 1 else 's'} in "
+            f"{rounds} round{'' if rounds == 1 else 's'}, {summary.get('reused_samples', 0)} stored samples reused, "
+            f"{summary.get('gpu_seconds', 0.0):.0f} GPU-seconds")]
+    reused = _reused(summary)
+    if reused:
+        out.append(reused)
+    return out + next_steps(summary)
+
+
+def _render_one(summary: dict[str, Any]) -> str:
+    """The report of a single cell: what fails at bad and where it started, then every change."""
+    out: list[str] = []
+    for cell in summary["cells"]:
+        out.append(f"cell {cell['label']}:" if cell["label"] != "(the only cell)" else "the cell:")
         state = cell["bad_endpoint"]
         if state == BadEndpoint.PASSES.value:
             out.append("  the bad endpoint passes: nothing fails there (no failure mode at >= 1% with the "
@@ -254,6 +438,10 @@ def render(summary: dict[str, Any]) -> str:
             out.extend(_change(ch) for ch in cell["changes"])
         elif state == BadEndpoint.FAILS.value:
             out.append(_no_change(cell, summary.get("confidence") or 0.99))
+        for entry in summary["by_commit"]:
+            for sw in entry.get("swaps") or []:
+                out.append(f"  {_commit(entry['commit'])} is a swap, not a fix: it ends {sw['fixed']} "
+                           f"but brings {sw['brought']}; the cell still fails")
         for m in cell["modes"]:
             for d in m.get("drifts", []):
                 out.append(f"  the rate of {m['mode']} drifts between {d['first'][:12]} and {d['last'][:12]} "
@@ -266,8 +454,5 @@ def render(summary: dict[str, Any]) -> str:
                        "GPU-hours more would decide")
         out.append(f"  {cell['probes']} probes, {cell['samples']} samples"
                    + (f", {len(cell['skipped'])} untestable commit(s)" if cell["skipped"] else ""))
-    starts, rounds = summary.get("server_starts", 0), summary.get("rounds", 0)
-    out.append(f"{summary['range']['commits']} commits after good; {starts} server start{'' if starts == 1 else 's'} in "
-               f"{rounds} round{'' if rounds == 1 else 's'}, {summary.get('reused_samples', 0)} stored samples reused, "
-               f"{summary.get('gpu_seconds', 0.0):.0f} GPU-seconds")
+    out += _closing(summary)
     return "\n".join(out)

@@ -47,6 +47,9 @@ class InstallKind:
     # per server start (to healthy) and per request, for a 27B-class model on one GPU. An install is
     # a cached environment's first build on a node; a start is weights loaded, compiled, warmed up.
     cost_s: ClassVar[tuple[float, float, float]] = (90.0, 240.0, 2.0)
+    # The module of an installed environment whose `environment_variables` names every VLLM_* variable
+    # the version reads (vllm/envs.py); asked by running the environment's python, never imported here.
+    env_module: ClassVar[str] = "vllm.envs"
 
     # --- rules on a matrix (checked by the loader and the planner, before anything starts) --------
 

@@ -36,6 +36,7 @@ TREE_ENV = "SWEEP_SIM_TREE"
 class Sim(InstallKind):
     name = "sim"
     cost_s = (2.0, 1.0, 0.05)  # what a demo on a laptop costs
+    env_module = "vllmsim.envs"  # the simulator lists its variables as vLLM does
     ships_repo = True
     logical_gpus = True
     # `sim:<name>`: the histories `python -m vllmsim make-repo --scenario` makes.

@@ -47,6 +47,10 @@ _BACKEND_USED = re.compile(r"Using (?:AttentionBackendEnum\.)?(?P<b>[A-Z][A-Z0-9
                            r"(?: on V1 engine)?(?:\.| out of)")
 _BACKEND_REFUSED = re.compile(r"Cannot use (?:AttentionBackendEnum\.)?(?P<b>[A-Z][A-Z0-9_]+) backend")
 _NON_DEFAULT = re.compile(r"non-default args: (?P<args>\{.*\})\s*$")
+# vllm/envs.py: `logger.warning("Unknown vLLM environment variable detected: %s", env)`; the request
+# models: "The following fields were present in the request but ignored: {'temprature'}" (a set).
+_UNKNOWN_ENV = re.compile(r"Unknown vLLM environment variable detected: (?P<name>[A-Za-z_][A-Za-z0-9_]*)")
+_IGNORED_FIELDS = re.compile(r"The following fields were present in the request but ignored: (?P<set>\{[^}]*\})")
 _ERROR_LINE = re.compile(r"^(?:\S+Error|\S*Exception|Value error)[:,] ")
 
 
@@ -64,6 +68,9 @@ class EffectiveConfig:
     disable_any_whitespace: bool | None = None
     reasoning_parser: str | None = None
     device: str | None = None  # cpu, cuda, ...
+    # What vLLM said it ignored: env names it does not know, request fields outside its schema.
+    unknown_env: tuple[str, ...] = ()
+    ignored_fields: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -142,7 +149,17 @@ def effective_config(log_text: str) -> EffectiveConfig:
         version=version, model_runner=runner, async_scheduling=_async(log_text, device, args, version),
         attention_backend=backend, spec_method=spec_method, num_speculative_tokens=num_spec,
         structured_outputs_backend=so_backend, disable_any_whitespace=disable_ws,
-        reasoning_parser=reasoning or ("none" if so else None), device=device)
+        reasoning_parser=reasoning or ("none" if so else None), device=device,
+        unknown_env=tuple(sorted({m.group("name") for m in _UNKNOWN_ENV.finditer(log_text)})),
+        ignored_fields=tuple(sorted({f for m in _IGNORED_FIELDS.finditer(log_text) for f in _names(m.group("set"))})))
+
+
+def _names(text: str) -> set[str]:
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return set()
+    return {str(v) for v in value} if isinstance(value, (set, frozenset, list, tuple)) else set()
 
 
 def _async(log_text: str, device: str | None, args: Mapping[str, Any], version: str | None) -> bool | None:
@@ -195,10 +212,21 @@ def requested_config(cell: Cell) -> dict[str, Any]:
     }
 
 
+IGNORED = "ignored by vLLM"
+
+
 def diff(requested: Cell, effective: EffectiveConfig) -> dict[str, tuple[Any, Any]]:
-    """Settings the cell asked for explicitly that the server did not run: {name: (requested, effective)}."""
+    """Settings the cell asked for explicitly that the server did not run: {name: (requested, effective)}.
+    An env var vLLM called unknown and a request field it ignored are `env.NAME` / `request.FIELD`,
+    effective `IGNORED`."""
     eff = effective.as_dict()
     out: dict[str, tuple[Any, Any]] = {}
+    for name in effective.unknown_env:
+        if name in requested.env:
+            out[f"env.{name}"] = (requested.env[name], IGNORED)
+    for name in effective.ignored_fields:
+        if name in requested.request:
+            out[f"request.{name}"] = (requested.request[name], IGNORED)
     for key, want in requested_config(requested).items():
         got = eff.get(key)
         if want is None or got is None:
