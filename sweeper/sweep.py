@@ -17,6 +17,8 @@ from sweeper.errors import ConfigError, GitError, Interrupted, StoreError, Sweep
 from sweeper.executor import ExecutorFactory, choose
 from sweeper.install import kind_of
 from sweeper.matrix import DesignSpec, Matrix, MatrixFile, ServerGroup, canonical, load_matrix, short_hash
+from sweeper.matrix_slice import Slice
+from sweeper.matrix_slice import apply as apply_slice
 from sweeper.portable import RepoSource, portable_spec, repo_source
 from sweeper.records import CostRecord, DesignRecord, SweepManifest, commit_axis
 from sweeper.repair import rebuild_sweep
@@ -99,11 +101,17 @@ def stated_profile(spec: MatrixFile) -> cost.Profile:
 
 
 def make_plan(matrix_path: str | Path, runs_dir: str | Path, *, resolve: bool = True,
-              design_spec: DesignSpec | None = None) -> Plan:
+              design_spec: DesignSpec | None = None, cut: Slice | None = None) -> Plan:
     """Everything checkable before a server starts. `resolve=False` (a dry run) leaves refs of a
     remote repository unresolved rather than cloning it. `design_spec` overrides the matrix's
-    `design:` key (default: the full product)."""
+    `design:` key (default: the full product); `cut` narrows the matrix to one commit or some cells
+    (`sweeper.matrix_slice`) before the design chooses."""
     matrix = load_matrix(matrix_path)
+    if cut is not None:
+        from sweeper.yamlfile import load
+
+        data, pos = load(matrix_path)
+        matrix = apply_slice(matrix, data, pos, cut)
     chosen = design.choose(matrix, design_spec or matrix.spec.design_spec)
     suite = load_suites(matrix.suite_paths)
     install = matrix.spec.install
@@ -176,13 +184,14 @@ def jobs_for(plan: Plan, run: RunDir, cache_dir: Path | None) -> list[GroupJob]:
             for g in plan.groups]
 
 
-def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | None = None, resume: str | None = None,
+def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | None = None, resume: str | None = None,  # noqa: PLR0913
                executor: ExecutorFactory | None = None, cache_dir: Path | None = None,
                on_group: Callable[[GroupJob, GroupResult], None] | None = None,
                on_plan: Callable[[Plan, int], None] | None = None,
-               design_spec: DesignSpec | None = None) -> RunOutcome:
+               design_spec: DesignSpec | None = None, cut: Slice | None = None) -> RunOutcome:
     """Run `matrix_path`'s design (`design_spec`, else the matrix's `design:` key, else the full
-    product). A resumed run keeps the design its manifest records."""
+    product), over the slice `cut` of it when given. A resumed run keeps the design its manifest
+    records (and must be given the same `cut`)."""
     notes: list[str] = []
     if resume:
         run = open_run(runs_dir, resume, create=False)
@@ -191,7 +200,7 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | N
         sweeps = [m for m in recorded if isinstance(m, SweepManifest)]
         if sweeps:
             design_spec = _resumed_design(resume, sweeps[0], design_spec)
-        plan = make_plan(matrix_path, runs_dir, design_spec=design_spec)
+        plan = make_plan(matrix_path, runs_dir, design_spec=design_spec, cut=cut)
         if run.manifest_problem():
             # Rebuilt from this matrix, once the results say they were made from it.
             notes.append(plan.rebuild_manifest(run))
@@ -212,7 +221,7 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | N
             run.move_aside(damage)
         run.clean_temp()
     else:
-        plan = make_plan(matrix_path, runs_dir, design_spec=design_spec)
+        plan = make_plan(matrix_path, runs_dir, design_spec=design_spec, cut=cut)
         run = open_run(runs_dir, run_id or new_run_id(plan.matrix.name), create=True)
         run.write_manifest(plan.manifest(run.run_id))
     done = run.done_groups()
