@@ -221,6 +221,8 @@ def test_a_budget_too_small_for_the_first_phase_leaves_it_undone_and_says_so(
     assert not (tmp_path / "runs" / "t" / "phases" / "bad").exists()
     code, again, _ = run_cli(["report", "t", "--runs-dir", str(tmp_path / "runs")], capsys)
     assert code == 0 and again == out.replace(f"results: {tmp_path / 'runs' / 't'}\n", "")
+    code, listed, _ = run_cli(["runs", "list", "--runs-dir", str(tmp_path / "runs"), "--json"], capsys)
+    assert code == 0 and [(r["run_id"], r["kind"], r["status"]) for r in json.loads(listed)] == [("t", "triage", "done")]
 
 
 def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
