@@ -303,6 +303,12 @@ def _request(ctx: _Context, m: ModeExplanation, example: Mapping[str, Any], axes
     out = ["", (f"**One failing request** (`{example.get('case_id')}`, request id `{example.get('request_id')}`); "
            f"in this cell {count} such requests failed ({100 * count.failed / count.n:.0f} %, "
            f"95 % CI {100 * low:.0f}–{100 * high:.0f} %):"), ""]
+    repeat = int(example.get("repeat") or 0)
+    if repeat:
+        # No failing request of this mode was a first send: a lone curl to a fresh server may pass.
+        out[-2] = out[-2].removesuffix(":") + (f"; it failed on repeat {repeat + 1} of its case, the earlier "
+                                               f"ones on that server passing: send it {repeat + 1} times to a "
+                                               "fresh server to see it:")
     body = request_body(ctx.manifest, axes, str(example.get("case_id")), suite)
     if body is None:
         out.append("(the run's suite file is not available: the request body cannot be shown)")
