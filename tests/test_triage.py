@@ -155,11 +155,13 @@ def reproduce(md: str, repo: Path, tmp_path: Path) -> dict[str, Any]:
     port = free_port()
     argv = [sys.executable, "-m", "vllmsim", "serve", *argv[2:]]
     argv[argv.index("--port") + 1] = str(port)
+    # Sent as many times as the report says (once, unless no failing request of the mode was a first send).
+    times = re.search(r"send it (\d+) times to a fresh server", md)
     with ServerProcess(argv, {**env, "SWEEP_SIM_TREE": str(tree), "PATH": "/usr/bin:/bin"}, port=port,
                        log_path=tmp_path / f"server-{port}.log", startup_timeout_s=60):
-        # The failure is one request's, chosen deterministically by its body: the same body fails again.
-        out = subprocess.run(["bash", "-c", curl.replace("127.0.0.1:8000", f"127.0.0.1:{port}")],
-                             capture_output=True, text=True, timeout=60, check=True).stdout
+        for _ in range(int(times.group(1)) if times else 1):
+            out = subprocess.run(["bash", "-c", curl.replace("127.0.0.1:8000", f"127.0.0.1:{port}")],
+                                 capture_output=True, text=True, timeout=60, check=True).stdout
     reply: dict[str, Any] = json.loads(out)
     reply["_log"] = (tmp_path / f"server-{port}.log").read_text()
     return reply
