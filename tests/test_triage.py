@@ -138,7 +138,7 @@ def by_mode(record: TriageRecord, part: str) -> Mode:
     return found[0]
 
 
-def reproduce(md: str, repo: Path, tmp_path: Path) -> dict[str, Any]:
+def reproduce(md: str, repo: Path, tmp_path: Path, sends: int = 1) -> dict[str, Any]:
     """Run the report's `vllm serve` line (as the simulator, on a checkout of the commit its
     environment block names) and its `curl` line; the reply."""
     sha = re.search(r"vLLM commit\s+: ([0-9a-f]{40})", md)
@@ -155,14 +155,19 @@ def reproduce(md: str, repo: Path, tmp_path: Path) -> dict[str, Any]:
     port = free_port()
     argv = [sys.executable, "-m", "vllmsim", "serve", *argv[2:]]
     argv[argv.index("--port") + 1] = str(port)
-    # Sent as many times as the report says (once, unless no failing request of the mode was a first send).
+    # A rate-based bug bites a body by how often the server saw it, and a sweep's concurrent requests
+    # arrive in any order: the report's request is sent as often as its case repeats (or as the
+    # report says), and one reply must fail.
     times = re.search(r"send it (\d+) times to a fresh server", md)
+    replies = []
     with ServerProcess(argv, {**env, "SWEEP_SIM_TREE": str(tree), "PATH": "/usr/bin:/bin"}, port=port,
                        log_path=tmp_path / f"server-{port}.log", startup_timeout_s=60):
-        for _ in range(int(times.group(1)) if times else 1):
+        for _ in range(max(int(times.group(1)) if times else 1, sends)):
             out = subprocess.run(["bash", "-c", curl.replace("127.0.0.1:8000", f"127.0.0.1:{port}")],
                                  capture_output=True, text=True, timeout=60, check=True).stdout
-    reply: dict[str, Any] = json.loads(out)
+            replies.append(json.loads(out))
+    failing = [r for r in replies if r["choices"][0]["finish_reason"] == "length"]
+    reply: dict[str, Any] = (failing or replies)[0]
     reply["_log"] = (tmp_path / f"server-{port}.log").read_text()
     return reply
 
@@ -315,7 +320,7 @@ def test_planted_history_is_triaged_with_fewer_starts_than_sweep_and_bisect(
     for mode in (budget, fsm, tails):
         assert mode.report
         md = (planted_triage.root / mode.report).read_text()
-        reply = reproduce(md, root / "vllm", tmp_path)
+        reply = reproduce(md, root / "vllm", tmp_path, sends=4)
         assert reply["choices"][0]["finish_reason"] == "length"
     triage_starts = starts_in_logs(planted_triage.root)
     assert triage_starts == record.starts
