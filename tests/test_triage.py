@@ -362,7 +362,7 @@ def test_interrupted_triage_resumes_to_the_same_reports(planted: tuple[Path, dic
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
-    assert err.rstrip().splitlines()[-1].endswith("--resume r")
+    assert err.rstrip().splitlines()[-1].rstrip("`").endswith("--resume r")
     before = analysis.load_table(RunDir(runs / "r" / "phases" / "bisect"), "probes").to_pandas()
     assert not record_of(RunDir(runs / "r")).final
     proc = subprocess.Popen([*args, "--resume", "r"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
