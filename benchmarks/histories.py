@@ -280,6 +280,90 @@ def fixed_step(n: int, j: int, p0: float, p1: float, mode: str = "fsm_log") -> H
     return History("fixed step", n, {mode: ((0, p0), (j, p1))}, params={"n": n, "j": j, "p0": p0, "p1": p1})
 
 
+# ---- the families of a bisect that finds what is there (small, short, several, drifting) --------
+
+
+def small_step(rng: np.random.Generator) -> History:
+    """One step of 1.3-2x on a 2-10 % baseline (up or down)."""
+    n = _draw_n(rng)
+    (mode,) = _modes(rng, 1)
+    (j,) = _positions(rng, n, 1)
+    base = _loguniform(rng, 0.02, 0.1)
+    ratio = float(rng.uniform(1.3, 2.0))
+    p0, p1 = (base, base * ratio) if rng.random() < 0.8 else (base * ratio, base)
+    return History("small step", n, {mode: ((0, p0), (j, p1))}, frozenset(_background_untestable(rng, n)),
+                   params={"n": n, "j": j, "p0": p0, "p1": p1, "ratio": ratio})
+
+
+def three_changes(rng: np.random.Generator) -> History:
+    """One mode with three change points, each a 2-8x step up or down from the rate before."""
+    n = max(40, _draw_n(rng))
+    (mode,) = _modes(rng, 1)
+    pos = _positions(rng, n, 3)
+    rates = [_loguniform(rng, 0.01, 0.08)]
+    for _ in pos:
+        r = rates[-1]
+        up = rng.random() < 0.5 if r < 0.2 else False
+        f = _loguniform(rng, 2.0, 8.0)
+        rates.append(min(0.6, r * f) if up else max(0.003, r / f))
+    return History("three changes", n, {mode: tuple(zip([0, *pos], rates, strict=True))},
+                   frozenset(_background_untestable(rng, n)),
+                   params={"n": n, "at": tuple(pos), "rates": tuple(rates),
+                           "ratio": min(_ratio(a, b) for a, b in pairwise(rates))})
+
+
+def _bump(rng: np.random.Generator, width: int, family: str) -> History:
+    n = _draw_n(rng)
+    (mode,) = _modes(rng, 1)
+    a = int(rng.integers(1, n - width + 1))  # the fix a + width is at most n
+    p0 = _baseline(rng)
+    p1 = _after(rng, p0, min_ratio=3.0, cap=0.6)
+    return History(family, n, {mode: ((0, p0), (a, p1), (a + width, p0))}, frozenset(_background_untestable(rng, n) - set(range(a, a + width))),
+                   params={"n": n, "a": a, "width": width, "p0": p0, "p1": p1, "ratio": _ratio(p0, p1)})
+
+
+def short_bump(rng: np.random.Generator) -> History:
+    """A regression fixed 1-5 commits later: the bad endpoint looks like the good one."""
+    return _bump(rng, int(rng.integers(1, 6)), "short bump")
+
+
+def blip(rng: np.random.Generator) -> History:
+    """A regression at one commit only, fixed by the next."""
+    return _bump(rng, 1, "one-commit blip")
+
+
+def linear_drift(rng: np.random.Generator) -> History:
+    """The rate climbs linearly over 10-30 commits from 0.5-5 % to 3-10x that: one small step at
+    every commit of the ramp, none of them a change a bisect can name on its own."""
+    n = max(60, _draw_n(rng))
+    (mode,) = _modes(rng, 1)
+    width = int(rng.integers(10, 31))
+    a = int(rng.integers(1, n - width + 1))
+    p0 = _loguniform(rng, 0.005, 0.05)
+    p1 = min(0.5, p0 * _loguniform(rng, 3.0, 10.0))
+    ramp = [(a + t, p0 + (p1 - p0) * (t + 1) / width) for t in range(width)]
+    return History("linear drift", n, {mode: ((0, p0), *ramp)}, frozenset(_background_untestable(rng, n)),
+                   params={"n": n, "a": a, "width": width, "p0": p0, "p1": p1})
+
+
+def zero_then_low(rng: np.random.Generator) -> History:
+    """A mode that never fails before j and fails at 1-7 % from j on: probes of a few dozen
+    samples after j are often clean."""
+    n = _draw_n(rng)
+    (mode,) = _modes(rng, 1)
+    (j,) = _positions(rng, n, 1)
+    p1 = float(rng.uniform(0.01, 0.07))
+    return History("zero then 1-7 %", n, {mode: ((0, 0.0), (j, p1))}, frozenset(_background_untestable(rng, n)),
+                   params={"n": n, "j": j, "p0": 0.0, "p1": p1, "ratio": math.inf})
+
+
+def high_icc(rng: np.random.Generator) -> History:
+    """A single step whose starts vary a lot (ICC 0.2-0.4)."""
+    h = single_step(rng)
+    icc = float(rng.uniform(0.2, 0.4))
+    return History("ICC 0.2-0.4", h.n, h.segments, h.untestable, icc=icc, params={**h.params, "icc": icc})
+
+
 FAMILIES: dict[str, Callable[[np.random.Generator], History]] = {
     "single step": single_step,
     "two steps": two_steps,
@@ -290,7 +374,16 @@ FAMILIES: dict[str, Callable[[np.random.Generator], History]] = {
     "change at an end": change_at_end,
     "no change": no_change,
     "two modes": two_modes,
+    "small step": small_step,
+    "three changes": three_changes,
+    "short bump": short_bump,
+    "one-commit blip": blip,
+    "linear drift": linear_drift,
+    "zero then 1-7 %": zero_then_low,
+    "ICC 0.2-0.4": high_icc,
 }
+# Histories whose truth is a ramp of many tiny steps: scored by the drift flag, not by coverage.
+DRIFT = ("linear drift",)
 
 # Families with one failure mode: the old single-mode search can be scored on them as is.
 SINGLE_MODE = ("single step", "two steps", "per-start variation", "untestable next to change",

@@ -87,12 +87,18 @@ def matrix_cmd(
     design: Annotated[str | None, typer.Option("--design", help="Which cells to run: full (the product) or covering[:T], "
                                                                "every T-way combination of server settings (T default 3); "
                                                                "default: the matrix's design key, else full.")] = None,
+    adaptive: Annotated[bool, typer.Option("--adaptive", help="Replay each cell's suite in rounds and stop it once its "
+                                                              "verdict is settled (the matrix's adaptive key, else "
+                                                              "clean below 10 %, failing above 1 %, at 95 %).")] = False,
+    budget: Annotated[float | None, typer.Option("--budget", metavar="GPU_HOURS",
+                                                 help="Run only the servers that fit into this many GPU-hours by "
+                                                      "the cost model; the rest is reported untested.")] = None,
 ) -> None:
     """Expand a matrix, run every cell against a real server, store one Parquet row per request.
 
     Example: sweep matrix matrices/demo.yaml --dry-run
     """
-    from sweeper import preview, report, sweep
+    from sweeper import preview, report, spend, sweep
     from sweeper.analysis import load_cells
     from sweeper.errors import ConfigError
     from sweeper.executor import choose
@@ -101,9 +107,11 @@ def matrix_cmd(
     design_spec = design_from_text(design) if design is not None else None
     if design is not None and design_spec is None:
         raise ConfigError(f"{DESIGN_EXPECTED}, got {design!r}", key="--design")
+    wants_adaptive = True if adaptive else None  # without the flag: the matrix's adaptive key
     if dry_run:
-        plan = sweep.make_plan(file, runs_dir, resolve=False, design_spec=design_spec)
-        out.print(f"[bold]{plan.matrix.name}[/bold]: {plan.n_cells} cells on {len(plan.groups)} servers, "
+        plan = sweep.make_plan(file, runs_dir, resolve=False, design_spec=design_spec, adaptive=wants_adaptive,
+                               budget_hours=budget)
+        out.print(f"[bold]{plan.matrix.name}[/bold]: {len(plan.cells)} cells on {len(plan.groups)} servers, "
                   f"{plan.requests_per_cell()} requests per cell (suite {plan.suite.name})")
         for i, (server, cells) in enumerate(preview.plan_text(plan), 1):
             out.print(f"server {i}: {server}", markup=False, highlight=False)
@@ -126,7 +134,8 @@ def matrix_cmd(
     try:
         outcome = sweep.run_matrix(file, runs_dir=runs_dir, run_id=run_id, resume=resume,
                                    executor=choose(executor, address=address, gpus=gpus), cache_dir=cache_dir,
-                                   on_group=on_group, on_plan=on_plan, design_spec=design_spec)
+                                   on_group=on_group, on_plan=on_plan, design_spec=design_spec,
+                                   adaptive=wants_adaptive, budget_hours=budget)
     except Interrupted as exc:
         raise exc.with_resume(resume_command("matrix", str(file), runs_dir=runs_dir, run_id=exc.run_id)) from None
     finally:
@@ -137,6 +146,8 @@ def matrix_cmd(
     cells = load_cells(outcome.run)
     out.print(report.cells_table(cells, title=f"run {outcome.run.run_id}", orders=report.run_orders(outcome.run, cells),
                                  width=out.width))
+    for line in spend.run_notes(outcome.run):
+        out.print(line, markup=False, highlight=False)
     if outcome.skipped:
         out.print(f"{len(outcome.skipped)} server groups already had results and were not run again.")
     out.print(f"results: {outcome.run.uri}")
@@ -233,8 +244,12 @@ def report_cmd(
             out.print(line, markup=False, highlight=False)
         out.print(compare.table(result))
     if not own:
+        from sweeper import spend
+
         out.print(report.cells_table(cells, title=f"run {run.run_id}", orders=orders,
                                      limit=None if all_cells else report.TABLE_ROWS, width=out.width))
+        for line in spend.run_notes(run):
+            out.print(line, markup=False, highlight=False)
     if explain:
         from sweeper.explain import render as render_explanation
 

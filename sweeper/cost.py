@@ -2,7 +2,8 @@
 
 A profile says how long each of the three takes: stated per install kind (its `cost_s`) and per matrix
 (`cost: {install_s, start_s, request_s}`), or learnt from a run's own cells rows (`learn`), each
-later source filling in what it knows over the earlier ones. A server holds its GPUs from the
+later source filling in what it knows over the earlier ones. The `gpu_seconds` of a result row is
+its cell's share of what its server group measured (`cell_seconds`), the same for sweeps and bisects. A server holds its GPUs from the
 install of its environment to its stop, so every second of the three is `gpus_per_cell` GPU-seconds.
 """
 
@@ -65,28 +66,55 @@ def _over(profile: Profile, key: CostKey, source: str) -> Profile:
 
 
 def learn(rows: Iterable[Mapping[str, Any]]) -> Measured:
-    """Start and request seconds from cells rows (one per cell; cells of a group share a server).
+    """Install, start and request seconds from cells rows (one per cell; cells of a group share a
+    server), each the median over the servers that measured it.
 
-    A start is `startup_s` of a server that became healthy; a request is the rest of the group's
-    `duration_s` over its samples (install time included where the environment was not cached yet:
-    the median over servers leaves those few out). Installs are not in the rows: None.
+    A start is `startup_s` of a server that became healthy; a request is the group's `replay_s`
+    over its samples (rows before schema version 2: the rest of `duration_s` after the start); an
+    install is the longest `install_s` of each commit (the environment is built once per commit and
+    node, then looked up: the build is the slowest of its lookups).
     """
     by_group: dict[str, list[Mapping[str, Any]]] = {}
     for row in rows:
         by_group.setdefault(str(row.get("group_id") or row.get("cell_id")), []).append(row)
     starts: list[float] = []
     per_request: list[float] = []
+    installs: dict[str, float] = {}
     for members in by_group.values():
         head = members[0]
+        installed = _number(head.get("install_s"))
+        if installed is not None:
+            key = str(head.get("commit_sha") or head.get("commit"))
+            installs[key] = max(installs.get(key, 0.0), installed)
         startup, duration = _number(head.get("startup_s")), _number(head.get("duration_s"))
         if startup is None:
             continue  # never healthy: no start to learn from
         starts.append(startup)
         samples = sum(_number(r.get("n_samples")) or 0 for r in members)
-        if duration is not None and samples > 0:
-            per_request.append(max(0.0, duration - startup) / samples)
+        replay = _number(head.get("replay_s"))
+        if replay is None and duration is not None:
+            replay = max(0.0, duration - startup)
+        if replay is not None and samples > 0:
+            per_request.append(replay / samples)
     return Measured(start_s=statistics.median(starts) if starts else None,
-                    request_s=statistics.median(per_request) if per_request else None, groups=len(starts))
+                    request_s=statistics.median(per_request) if per_request else None,
+                    install_s=statistics.median(installs.values()) if installs else None, groups=len(starts))
+
+
+def cell_seconds(*, gpus: float, cells: int, samples: int, group_samples: int, install_s: float | None,
+                 startup_s: float | None, replay_s: float | None, duration_s: float) -> float:
+    """One cell's GPU-seconds, from what its group measured: the group's install and start split
+    evenly over its cells, its replay by each cell's share of the samples (an adaptive cell that
+    stopped early holds the server for less of it). A group that never served (an install or a
+    start that failed) spent its whole `duration_s` holding the GPUs, split evenly. Each second
+    is `gpus` GPU-seconds: a server holds its GPUs from the install to its stop."""
+    share = 1.0 / max(1, cells)
+    if replay_s is None:
+        return gpus * duration_s * share
+    fixed = (install_s or 0.0) + (startup_s or 0.0)
+    rest = max(0.0, duration_s - fixed - replay_s)  # post-processing: by cell, like the fixed part
+    replay_share = samples / group_samples if group_samples else share
+    return gpus * ((fixed + rest) * share + replay_s * replay_share)
 
 
 def _number(value: Any) -> float | None:

@@ -32,7 +32,9 @@ Request fields are merged into every request body of the suite; `null` removes a
 `max_response_mb` (default 16) caps each answer as it is read: a larger one fails its sample.
 `design` (`full`, `covering`, `covering:T` or `{kind, strength, seed}`) says which cells run
 (`sweeper.design`); `cost: {install_s, start_s, request_s}` states the GPU-time profile
-(`sweeper.cost`) over the install kind's defaults.
+(`sweeper.cost`) over the install kind's defaults. `adaptive: true` (or `{threshold, detect,
+confidence, width, round}`) replays each cell's suite in rounds and stops it once its verdict is
+settled (`sweeper.sequential`); `--adaptive` turns it on from the command line.
 """
 
 from __future__ import annotations
@@ -202,6 +204,21 @@ class CostKey(_Strict):
     request_s: CostSeconds | None = None
 
 
+Rate = Annotated[Number, pydantic.Field(gt=0, lt=1)]
+
+
+class AdaptiveSpec(_Strict):
+    """Cells that stop when settled (`sweeper.sequential.Rule`): failing when the rate is credibly
+    above `threshold`, clean when credibly below `detect`, or (with `width`) its rate known to that
+    width; checked after every `round` samples of a cell."""
+
+    threshold: Rate = 0.01
+    detect: Rate = 0.10
+    confidence: Annotated[Number, pydantic.Field(ge=0.5, lt=1)] = 0.95
+    width: Annotated[Number, pydantic.Field(gt=0, le=1)] | None = None
+    round: Annotated[Count, pydantic.Field(ge=1, le=MAX_REPEATS)] = 8
+
+
 class MatrixFile(_Strict):
     """The file as written; validated field by field with positions for errors."""
 
@@ -228,6 +245,8 @@ class MatrixFile(_Strict):
     # `full` (default), `covering`, `covering:T`, or {kind, strength, seed}: see DesignSpec.
     design: str | DesignSpec | None = None
     cost: CostKey = CostKey()
+    # `true`, `false`, or the rule's settings (AdaptiveSpec): cells stop once their verdict is settled.
+    adaptive: bool | AdaptiveSpec = False
 
     @property
     def design_spec(self) -> DesignSpec:
@@ -235,6 +254,13 @@ class MatrixFile(_Strict):
         if isinstance(self.design, DesignSpec):
             return self.design
         return (design_from_text(self.design) if self.design is not None else None) or DesignSpec(kind="full")
+
+    @property
+    def adaptive_spec(self) -> AdaptiveSpec | None:
+        """The `adaptive:` key's rule, or None when cells replay their whole suite."""
+        if isinstance(self.adaptive, AdaptiveSpec):
+            return self.adaptive
+        return AdaptiveSpec() if self.adaptive else None
 
 
 @dataclass(frozen=True)
@@ -634,6 +660,10 @@ def _check_settings(spec: MatrixFile, pos: Positions) -> None:
             raise pos.error(("request", name), problem)
     if isinstance(spec.design, str) and design_from_text(spec.design) is None:
         raise pos.error(("design",), f"{DESIGN_EXPECTED}, got {clip(spec.design)}")
+    rule = spec.adaptive_spec
+    if rule is not None and rule.threshold >= rule.detect:
+        raise pos.error(("adaptive", "threshold"), f"threshold ({rule.threshold:g}) must be below detect "
+                                                   f"({rule.detect:g})")
     repo = spec.install.repo
     histories: tuple[str, ...] = tuple(_kinds().Sim.HISTORIES)
     if repo is not None and repo.startswith("sim:") and repo[4:] not in ("", *histories):

@@ -48,14 +48,40 @@ def design_text(plan: Plan) -> list[str]:
     else:
         lines = [(f"design: {d.describe()}: {len(d.groups)} of {d.full_groups} servers, "
                   f"{len(d.cells)} of {d.full_cells} cells")]
+    rule = plan.rule
+    if rule is not None:
+        lines.append(f"adaptive: each cell stops once settled (failing above {rule.threshold:.0%}, clean below "
+                     f"{rule.detect:.0%}, at {rule.confidence:.0%}; rounds of {rule.round}): modelled at "
+                     f"{plan.modelled_requests_per_cell()} of {plan.requests_per_cell()} requests per cell, "
+                     "the samples that settle a clean cell")
     gpus = plan.matrix.spec.gpus_per_cell
     lines.append(f"modelled GPU time ({p.source}: install {p.install_s:g} s, start {p.start_s:g} s, "
                  f"request {p.request_s:g} s; {gpus:g} GPU{'' if gpus == 1 else 's'} per server):")
-    rows = [("this design", plan.estimate())]
+    this = "this design" + (", adaptive" if rule is not None else "") + (", in the budget" if plan.budget else "")
+    rows = [(this, plan.estimate())]
+    if plan.budget is not None:
+        rows.append(("the design, whole" if rule is None else "the design, adaptive", plan.estimate(d.groups)))
+    if rule is not None:
+        rows.append(("the design, whole suites", plan.estimate(d.groups, adaptive=False)))
     if d.spec.kind != "full":
-        rows.append(("full product", plan.estimate(full_groups)))
+        rows.append(("full product, whole suites" if rule is not None else "full product",
+                     plan.estimate(full_groups, adaptive=False)))
     width = max(len(name) for name, _ in rows)
     lines += [f"  {name:<{width}}  {_estimate(e)}" for name, e in rows]
+    lines += budget_text(plan)
+    return lines
+
+
+def budget_text(plan: Plan) -> list[str]:
+    """For --dry-run with --budget: what fits, and the servers left untested."""
+    fit = plan.budget
+    if fit is None:
+        return []
+    lines = [(f"budget {fit.budget_s / 3600:g} GPU-hours: {len(fit.kept)} of {len(fit.kept) + len(fit.left)} "
+              f"servers fit ({fit.modelled_s / 3600:,.2f} GPU-hours modelled)")]
+    if fit.left:
+        lines.append(f"left untested: {len(fit.left)} servers, {sum(len(g.cells) for g in fit.left)} cells:")
+        lines += [f"    {g.group_id}" for g in fit.left]
     return lines
 
 

@@ -7,7 +7,10 @@ and `from_json` here; every other module sees a `SweepManifest` or a `BisectMani
 - 2: the same keys, with `manifest_version` and a sweep's `commit_order` (its refs in history
   order, learnt from the repository when the run was planned; absent from version 1);
 - 3: a sweep's `design` (which cells of the product it runs) and `cost` (the GPU-time profile it
-  was planned with), both optional: a manifest without them ran the full product.
+  was planned with), both optional: a manifest without them ran the full product;
+- 4: a sweep's `adaptive` (the stopping rule of its cells) and `budget` (the GPU-hours it was given
+  and the servers that did not fit), both optional: without them every cell replays its whole suite
+  and every server of the design runs.
 
 Each cells file's footer keeps a copy of the manifest without the matrix, and without any value
 too large to keep (`sweeper.store`): read back with the same `from_json`, a value it lacks is
@@ -23,7 +26,7 @@ from typing import Any
 
 from sweeper.errors import RecordError, StoreError, clip
 
-VERSION = 3
+VERSION = 4
 # Keys every version has written beside the record's own fields.
 _FRAME = ("kind", "schema_version", "manifest_version")
 
@@ -78,6 +81,30 @@ class CostRecord:
 
 
 @dataclass(frozen=True)
+class AdaptiveRecord:
+    """The stopping rule of an adaptive sweep's cells (`sweeper.sequential.Rule`)."""
+
+    threshold: float
+    detect: float
+    confidence: float
+    round: int
+    width: float | None = None
+
+
+@dataclass(frozen=True)
+class BudgetRecord:
+    """`--budget`: the GPU-hours given, what the kept servers model, and the servers left untested."""
+
+    gpu_hours: float
+    modelled_hours: float
+    servers: int
+    cells: int
+    left_servers: int
+    left_cells: int
+    left_groups: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class SweepManifest:
     """`sweep matrix`: the matrix as given, its suite, the refs resolved to shas."""
 
@@ -100,6 +127,8 @@ class SweepManifest:
     repaired: Repair | None = None
     design: DesignRecord | None = None  # None: the full product (every manifest before version 3)
     cost: CostRecord | None = None
+    adaptive: AdaptiveRecord | None = None  # None: whole suites (every manifest before version 4)
+    budget: BudgetRecord | None = None
 
     kind = "matrix"
 
@@ -150,14 +179,14 @@ def to_json(manifest: Manifest) -> dict[str, Any]:
     out: dict[str, Any] = {"kind": manifest.kind, "manifest_version": VERSION}
     for name in _fields(type(manifest)):
         value = getattr(manifest, name)
-        if name in ("retried", "repaired", "design", "cost") and not value:
+        if name in ("retried", "repaired", "design", "cost", "adaptive", "budget") and not value:
             continue  # written only once something was retried or repaired (or designed), as before
         out[name] = _plain(value)
     return out
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, (Host, Retry, Repair, DesignRecord, CostRecord)):
+    if isinstance(value, (Host, Retry, Repair, DesignRecord, CostRecord, AdaptiveRecord, BudgetRecord)):
         # An optional part left out rather than null: a bisect's repair never had `checked_against`.
         return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)
                 if getattr(value, f.name) is not None or f.default is dataclasses.MISSING}
@@ -260,10 +289,14 @@ def _seconds(name: str, value: Any) -> float | None:
     raise _wrong(name, value, "a number")
 
 
-Part = type[Host] | type[Retry] | type[Repair] | type[DesignRecord] | type[CostRecord]
+Part = (type[Host] | type[Retry] | type[Repair] | type[DesignRecord] | type[CostRecord] | type[AdaptiveRecord]
+        | type[BudgetRecord])
 _PART_READERS: dict[str, Reader] = {"attempt": _count, "strength": _count, "seed": _count, "servers": _count,
                                     "cells": _count, "install_s": _seconds, "start_s": _seconds,
-                                    "request_s": _seconds}
+                                    "request_s": _seconds, "threshold": _seconds, "detect": _seconds,
+                                    "confidence": _seconds, "width": _seconds, "round": _count,
+                                    "gpu_hours": _seconds, "modelled_hours": _seconds, "left_servers": _count,
+                                    "left_cells": _count, "left_groups": _texts}
 
 
 def _record(cls: Part) -> Reader:
@@ -306,7 +339,7 @@ _READERS: dict[tuple[str, str], Reader] = {
     **{(k, "matrix"): r for k, r in {
         "matrix_digest": _text, "suite_path": _texts, "suite": _text, "commits": _shas, "commit_order": _texts,
         "cells": _count, "groups": _count, "retried": _retries, "design": _record(DesignRecord),
-        "cost": _record(CostRecord)}.items()},
+        "cost": _record(CostRecord), "adaptive": _record(AdaptiveRecord), "budget": _record(BudgetRecord)}.items()},
     **{(k, "bisect"): r for k, r in {
         "good": _text, "bad": _text, "good_sha": _text, "bad_sha": _text, "commits": _texts,
         "settings_keys": _texts, "cells": _cells}.items()},

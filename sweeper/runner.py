@@ -27,12 +27,12 @@ from typing import Any, Self
 import httpx
 import pyarrow as pa
 
-from sweeper import environments, files, fingerprint, metrics, verdict, vllm
+from sweeper import cost, environments, files, fingerprint, metrics, rounds, sequential, verdict, vllm
 from sweeper.checks import Exchange, run_checks
 from sweeper.errors import InstallError, ServerError, SweepError
 from sweeper.matrix import Cell, MatrixFile, ServerGroup, canonical
 from sweeper.portable import RepoSource, node_repo
-from sweeper.replay import Abort, Reply, Request, run_replay
+from sweeper.replay import Abort, ReplayOutcome, Reply, Request, run_replay
 from sweeper.server import ServerProcess, free_port, new_api_key, tail
 from sweeper.stats import wilson
 from sweeper.status import Status as Status  # noqa: PLC0414  (re-exported: `runner.Status` is the cell status)
@@ -139,15 +139,21 @@ def server_env(extra: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def build_requests(job: GroupJob, cells: Sequence[Cell]) -> list[tuple[Cell, Any, Request]]:
-    """Every request of every cell: suite cases x repeats, with the cell's request fields merged."""
+def build_requests(job: GroupJob, cells: Sequence[Cell], *, interleaved: bool = False) -> list[tuple[Cell, Any, Request]]:
+    """Every request of every cell: suite cases x repeats, with the cell's request fields merged.
+    `interleaved`: each cell's in an order whose every prefix is a fair sample of its suite."""
     out = []
     model = str(job.spec.serve.get("--served-model-name") or job.spec.model)
     multiplier = job.repeats_override or job.spec.repeats
     salt = secrets.token_hex(3)  # unique ids across resumed or repeated runs of the same cell
     for cell in cells:
         short = cell.cell_id.rsplit("-", 1)[-1]
-        for case, r in expand(job.suite, multiplier):
+        pairs = list(expand(job.suite, multiplier))
+        if interleaved:
+            by_id = {case.case_id: case for case, _ in pairs}
+            seed = zlib.crc32(cell.cell_id.encode())
+            pairs = [(by_id[cid], r) for cid, r in sequential.interleave([(c.case_id, r) for c, r in pairs], seed)]
+        for case, r in pairs:
             body = case.request(model)
             for key, value in cell.request.items():
                 if value is None:
@@ -157,6 +163,16 @@ def build_requests(job: GroupJob, cells: Sequence[Cell]) -> list[tuple[Cell, Any
             rid = f"sweep-{short}-{salt}-{re.sub(r'[^A-Za-z0-9_.-]', '', case.case_id)[:40]}-{r}"
             out.append((cell, case, Request(case.case_id, r, rid, body)))
     return out
+
+
+def adaptive_rule(job: GroupJob) -> sequential.Rule | None:
+    """The stopping rule of a job's cells; None: each replays its whole suite (a bisect's probes
+    choose their own sample counts)."""
+    spec = job.spec.adaptive_spec
+    if spec is None or job.cell_ids is not None or job.repeats_override is not None:
+        return None
+    return sequential.Rule(threshold=spec.threshold, detect=spec.detect, confidence=spec.confidence,
+                           width=spec.width, round=spec.round)
 
 
 def _as_bytes(bundle: Any) -> bytes:
@@ -214,6 +230,7 @@ def _run_group(job: GroupJob, base: _CellBase, cells: Sequence[Cell], log_path: 
         return base.failed(Status.INSTALL_FAILED, str(exc), "", time.monotonic() - t_start)
     words = frozenset(crash.setting_words(group.head.values, group.head.serve, group.head.env))
     timings = {"install": time.monotonic() - t_start}
+    base.install_s = timings["install"]
     base.version = installed.version
     port, api_key = free_port(), new_api_key()
     try:
@@ -237,7 +254,8 @@ def _run_group(job: GroupJob, base: _CellBase, cells: Sequence[Cell], log_path: 
     server = ServerProcess(launch.argv, server_env(env), port=port, log_path=log_path,
                            startup_timeout_s=startup_s)
     base.server = server
-    requests = build_requests(job, cells)
+    rule = adaptive_rule(job)
+    requests = build_requests(job, cells, interleaved=rule is not None)
     live = _LiveJudge(base, requests, log_path)
     try:
         # in_use: cache eviction on this node never removes an environment a server runs from.
@@ -245,10 +263,8 @@ def _run_group(job: GroupJob, base: _CellBase, cells: Sequence[Cell], log_path: 
             base.startup_s = server.startup_s
             t_replay = time.monotonic()
             before = metrics.try_scrape(server.base_url, api_key)
-            outcome = run_replay(server.base_url, api_key, [r for _, _, r in requests],
-                                 concurrency=job.spec.concurrency, timeout_s=job.spec.timeouts.request_s,
-                                 alive=server.alive, on_reply=live.on_reply, deadline=deadline,
-                                 max_response_mb=job.spec.max_response_mb)
+
+            outcome = _replay(job, rule, server, api_key, requests=requests, live=live, deadline=deadline, base=base)
             alive_after = server.alive()
             log_text = server.log_text()
             answers = tuple(verdict.Answer(r.http_status, r.error, r.timed_out) for r in outcome.replies)
@@ -259,7 +275,7 @@ def _run_group(job: GroupJob, base: _CellBase, cells: Sequence[Cell], log_path: 
                 log_text = server.log_text()
                 died = died or crash.engine_died(log_text)
             after = metrics.try_scrape(server.base_url, api_key) if alive_after and not died else None
-            timings["replay"] = time.monotonic() - t_replay
+            timings["replay"] = base.replay_s = time.monotonic() - t_replay
     except ServerError as exc:
         log = exc.log_tail or tail(log_path)
         out_of_time = deadline is not None and time.monotonic() >= deadline
@@ -291,6 +307,7 @@ def _run_group(job: GroupJob, base: _CellBase, cells: Sequence[Cell], log_path: 
         samples.append(sample)
         by_cell[cell.cell_id].append(sample)
     duration = time.monotonic() - t_start
+    base.group_samples = len(samples)
     log_tail = tail(log_path) if status != Status.OK else ""
     cell_rows = [base.cell_row(cell, by_cell[cell.cell_id], status=status, detail=detail, log_tail=log_tail,
                                duration=duration, effective=effective, spec=spec_figures, finger=finger,
@@ -302,6 +319,26 @@ def _run_group(job: GroupJob, base: _CellBase, cells: Sequence[Cell], log_path: 
     timings["total"] = time.monotonic() - t_start
     result.timings = timings
     return result
+
+
+def _replay(job: GroupJob, rule: sequential.Rule | None, server: ServerProcess, api_key: str, *,
+            requests: Sequence[tuple[Cell, Any, Request]], live: _LiveJudge, deadline: float | None,
+            base: _CellBase) -> ReplayOutcome:
+    """The group's replay: every request at once, or (adaptive) in rounds until each cell is settled."""
+
+    def send(batch: Sequence[Request]) -> ReplayOutcome:
+        return run_replay(server.base_url, api_key, batch, concurrency=job.spec.concurrency,
+                          timeout_s=job.spec.timeouts.request_s, alive=server.alive, on_reply=live.on_reply,
+                          deadline=deadline, max_response_mb=job.spec.max_response_mb)
+
+    if rule is None:
+        return send([r for _, _, r in requests])
+    queued: dict[str, list[Request]] = {}
+    for cell, _, req in requests:
+        queued.setdefault(cell.cell_id, []).append(req)
+    adaptive = rounds.replay(queued, rule, send=send, failed=live.failed)
+    base.stops = adaptive.stops
+    return adaptive.outcome
 
 
 class _LiveJudge:
@@ -335,6 +372,22 @@ class _LiveJudge:
             self.judged[rid] = (self.base.sample(cell, case, reply, lines), lines)
         except Exception:  # noqa: BLE001  (never stop a replay: `finish` judges what is missing here)
             return
+
+    def failed(self, replies: Sequence[Reply]) -> dict[str, bool]:
+        """Whether each reply failed, on the log as far as it is written now (an adaptive round's end):
+        a reply whose log lines grew since it was judged is judged again."""
+        self.index.add(self.reader.new_lines())
+        out = {}
+        for reply in replies:
+            rid = reply.request.request_id
+            lines = tuple(self.index.lines_for(rid, reply.response))
+            sample, seen = self.judged.get(rid, (None, None))
+            if sample is None or seen != lines:
+                cell, case = self.meta[rid]
+                sample = self.base.sample(cell, case, reply, lines)
+                self.judged[rid] = (sample, lines)
+            out[rid] = not sample["passed"]
+        return out
 
     def finish(self, replies: Sequence[Reply], log_text: str) -> dict[str, dict[str, Any]]:
         log_lines = log_text.splitlines()
@@ -393,6 +446,10 @@ class _CellBase:
         self.version: str | None = None
         self.startup_s: float | None = None
         self.server: ServerProcess | None = None  # the group's server, once made: it counts its starts
+        self.install_s: float | None = None  # seconds getting the environment (a cached one: its lookup)
+        self.replay_s: float | None = None
+        self.group_samples = 0
+        self.stops: dict[str, sequential.Stop] = {}  # an adaptive replay: why each cell stopped
         self.node = socket.gethostname()
         self._common: dict[str, dict[str, Any]] = {}
 
@@ -466,7 +523,9 @@ class _CellBase:
             "n_samples": n, "n_failed": n_failed, "failure_rate": (n_failed / n) if n else None,
             "ci_low": low, "ci_high": high, "failed_checks": list(failed_checks.items()),
             "startup_s": self.startup_s, "duration_s": duration,
-            "gpu_seconds": duration * self.job.spec.gpus_per_cell / max(1, len(self.cells)),
+            "gpu_seconds": self.gpu_seconds(n, duration),
+            "install_s": self.install_s, "replay_s": self.replay_s,
+            "samples_planned": self.planned(), "stop_reason": self.stop_reason(cell),
             "server_starts": self.server.starts if self.server else 0, "node": self.node,
             **eff, "effective_differs": differs,
             "vllm_version": self.version or finger.get("vllm_version"),
@@ -477,6 +536,20 @@ class _CellBase:
             "ttft_p50_s": statistics.median(ttfts) if ttfts else None,
             "latency_p50_s": statistics.median(latencies) if latencies else None,
         }
+
+    def gpu_seconds(self, samples: int, duration: float) -> float:
+        """This cell's share of what its group measured (`cost.cell_seconds`)."""
+        return cost.cell_seconds(gpus=self.job.spec.gpus_per_cell, cells=len(self.cells), samples=samples,
+                                 group_samples=self.group_samples, install_s=self.install_s,
+                                 startup_s=self.startup_s, replay_s=self.replay_s, duration_s=duration)
+
+    def planned(self) -> int:
+        """The samples a whole replay of the suite sends per cell."""
+        return sum(1 for _ in expand(self.job.suite, self.job.repeats_override or self.job.spec.repeats))
+
+    def stop_reason(self, cell: Cell) -> str | None:
+        stop = self.stops.get(cell.cell_id)
+        return stop.value if stop is not None else None
 
     def error(self, exc: BaseException, log_tail: str, duration: float) -> GroupResult:
         trace = "".join(traceback.format_exception(exc))[-TRACEBACK_TAIL_CHARS:]

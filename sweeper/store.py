@@ -35,7 +35,12 @@ from sweeper.errors import RecordError, StoreError, clip, one_line
 from sweeper.records import Host, Manifest, Retry, SweepManifest, from_json, to_json
 from sweeper.storage import Location, is_temp_name
 
-SCHEMA_VERSION = 1
+# The schema version written. A new version only adds nullable columns at the end of a table
+# (readers read every file with the declared schemas, so an older file reads with nulls there) and
+# stays readable alongside the versions in READABLE; anything else is a new reader's business.
+#   1: the tables as first declared; 2: cells add install_s, replay_s, samples_planned, stop_reason.
+SCHEMA_VERSION = 2
+READABLE = frozenset({1, 2})
 _META = {b"schema_version": str(SCHEMA_VERSION).encode(), b"producer": f"sweeper {__version__}".encode()}
 
 _AXES = [
@@ -133,6 +138,15 @@ CELL_SCHEMA = pa.schema([
     pa.field("spec_accepted_per_position", pa.list_(pa.float64())),  # acceptance at draft position 0, 1, ...
     pa.field("ttft_p50_s", pa.float64()),
     pa.field("latency_p50_s", pa.float64()),
+    # Schema version 2 (last, nullable: a version-1 file reads with nulls here). The measured parts of
+    # the group's cost (`gpu_seconds` is this cell's share of them, by `sweeper.cost.cell_seconds`):
+    # seconds getting the environment (its lookup, when cached) and replaying the suite.
+    pa.field("install_s", pa.float64()),
+    pa.field("replay_s", pa.float64()),
+    # The samples a whole replay sends; why an adaptive cell stopped (`sweeper.sequential.Stop`:
+    # clean, failing, width, exhausted, server), null when the cell replayed its whole suite.
+    pa.field("samples_planned", pa.int32()),
+    pa.field("stop_reason", pa.string()),
 ], metadata=_META)
 
 PROBE_SCHEMA = pa.schema([
@@ -154,6 +168,10 @@ PROBE_SCHEMA = pa.schema([
 ], metadata=_META)
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def _readable() -> str:
+    return " and ".join(str(v) for v in sorted(READABLE))
 
 
 def new_run_id(name: str) -> str:
@@ -271,8 +289,8 @@ def _check_parquet(loc: Location, info: pafs.FileInfo) -> FileCheck:
                          f"{one_line(str(exc))[:160]}")
     meta = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in (md.metadata or {}).items()}
     version = meta.get("schema_version")
-    if version != str(SCHEMA_VERSION):
-        return FileCheck(f"schema version {clip(version)}, this sweep reads {SCHEMA_VERSION}", md.num_rows, meta)
+    if version not in {str(v) for v in READABLE}:
+        return FileCheck(f"schema version {clip(version)}, this sweep reads {_readable()}", md.num_rows, meta)
     written = meta.get(ROWS_KEY.decode())
     if written is not None and written != str(md.num_rows):
         return FileCheck(f"holds {md.num_rows} rows, {clip(written)} were written", md.num_rows, meta)
@@ -469,9 +487,9 @@ class RunDir:
             raise DamagedManifest(f"{where}: damaged manifest, a JSON {type(data).__name__} where an object "
                                   f"belongs; {fix}")
         version = data.get("schema_version")
-        if version != SCHEMA_VERSION:
+        if isinstance(version, bool) or version not in READABLE:
             raise StoreError(f"{where}: results of schema version {clip(version)}, this sweep reads "
-                             f"{SCHEMA_VERSION}; use the sweeper version that wrote them")
+                             f"{_readable()}; use the sweeper version that wrote them")
         try:
             manifest = from_json(data)
         except RecordError as exc:

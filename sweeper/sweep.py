@@ -12,18 +12,29 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sweeper import cost, design, gitrepo
+from sweeper import budget, cost, design, gitrepo
 from sweeper.errors import ConfigError, GitError, Interrupted, StoreError, SweepError
 from sweeper.executor import ExecutorFactory, choose
 from sweeper.install import kind_of
-from sweeper.matrix import DesignSpec, Matrix, MatrixFile, ServerGroup, canonical, load_matrix, short_hash
+from sweeper.matrix import (
+    AdaptiveSpec,
+    Cell,
+    DesignSpec,
+    Matrix,
+    MatrixFile,
+    ServerGroup,
+    canonical,
+    load_matrix,
+    short_hash,
+)
 from sweeper.matrix_slice import Slice
 from sweeper.matrix_slice import apply as apply_slice
 from sweeper.portable import RepoSource, portable_spec, repo_source
-from sweeper.records import CostRecord, DesignRecord, SweepManifest, commit_axis
+from sweeper.records import AdaptiveRecord, BudgetRecord, CostRecord, DesignRecord, SweepManifest, commit_axis
 from sweeper.repair import rebuild_sweep
 from sweeper.repos import repo_for
 from sweeper.runner import GroupJob, GroupResult
+from sweeper.sequential import Rule
 from sweeper.store import RunDir, new_run_id, open_run
 from sweeper.suite import Suite, load_suites
 
@@ -36,24 +47,37 @@ class Plan:
     shas: dict[str, str | None]
     design: design.Design
     commit_order: tuple[str, ...] | None = None  # the commit axis oldest first, where the repository tells
+    adaptive: AdaptiveSpec | None = None  # cells stop when settled (`sweeper.sequential`); None: whole suites
+    budget: budget.Fit | None = None  # `--budget`: the design's servers that fit, and those left
 
     @property
     def groups(self) -> tuple[ServerGroup, ...]:
-        """The servers this plan starts: the design's (all of the matrix's for the full product)."""
-        return self.design.groups
+        """The servers this plan starts: the design's (all of the matrix's for the full product), less
+        those a budget left out."""
+        return self.budget.kept if self.budget is not None else self.design.groups
 
     @property
     def profile(self) -> cost.Profile:
         return cost.profile_for(self.matrix.spec, stated_profile(self.matrix.spec))
 
-    def estimate(self, groups: tuple[ServerGroup, ...] | None = None) -> cost.Estimate:
-        """Modelled GPU time of this plan's servers (or of `groups`, e.g. the full product's)."""
+    @property
+    def rule(self) -> Rule | None:
+        return rule_of(self.adaptive)
+
+    def estimate(self, groups: tuple[ServerGroup, ...] | None = None, *, adaptive: bool = True) -> cost.Estimate:
+        """Modelled GPU time of this plan's servers (or of `groups`, e.g. the full product's); an
+        adaptive plan's cells at the samples that settle a clean cell (`adaptive=False`: whole suites)."""
         return cost.estimate(self.groups if groups is None else groups, self.matrix.spec, self.profile,
-                             self.requests_per_cell())
+                             self.modelled_requests_per_cell() if adaptive else self.requests_per_cell())
+
+    def modelled_requests_per_cell(self) -> int:
+        full, rule = self.requests_per_cell(), self.rule
+        return rule.expected_samples(full) if rule is not None else full
 
     @property
     def job_spec(self) -> MatrixFile:
-        return portable_spec(self.matrix)
+        spec = portable_spec(self.matrix)
+        return spec.model_copy(update={"adaptive": self.adaptive or False})
 
     @property
     def repo_source(self) -> RepoSource | None:
@@ -61,7 +85,12 @@ class Plan:
 
     @property
     def n_cells(self) -> int:
-        return len(self.design.cells)
+        return len(self.cells)
+
+    @property
+    def cells(self) -> tuple[Cell, ...]:
+        """The cells this plan runs (the design's, less a budget's left-out servers)."""
+        return tuple(c for g in self.groups for c in g.cells)
 
     def requests_per_cell(self) -> int:
         return sum(c.repeat for c in self.suite.cases) * self.matrix.spec.repeats
@@ -73,7 +102,17 @@ class Plan:
             matrix_digest=short_hash(self.matrix.raw, 16), suite_path=tuple(str(p) for p in self.matrix.suite_paths),
             suite=self.suite.name, suite_digest=self.suite.digest, commits=self.shas, commit_order=self.commit_order,
             repo=str(self.repo) if self.repo else None, cells=self.n_cells, groups=len(self.groups),
-            design=self.design_record(), cost=CostRecord(**self.profile.record()))
+            design=self.design_record(), cost=CostRecord(**self.profile.record()),
+            adaptive=adaptive_record(self.adaptive), budget=self.budget_record())
+
+    def budget_record(self) -> BudgetRecord | None:
+        fit = self.budget
+        if fit is None:
+            return None
+        return BudgetRecord(gpu_hours=fit.budget_s / 3600.0, modelled_hours=fit.modelled_s / 3600.0,
+                            servers=len(fit.kept), cells=sum(len(g.cells) for g in fit.kept),
+                            left_servers=len(fit.left), left_cells=sum(len(g.cells) for g in fit.left),
+                            left_groups=tuple(g.group_id for g in fit.left))
 
     def design_record(self) -> DesignRecord:
         d = self.design
@@ -82,7 +121,7 @@ class Plan:
 
     def rebuild_manifest(self, run: RunDir) -> str:
         """`run`'s lost or damaged manifest made anew from this plan, once its results agree."""
-        return rebuild_sweep(run, self.manifest(run.run_id), {c.cell_id for c in self.design.cells})
+        return rebuild_sweep(run, self.manifest(run.run_id), {c.cell_id for c in self.cells})
 
 
 @dataclass
@@ -100,12 +139,35 @@ def stated_profile(spec: MatrixFile) -> cost.Profile:
     return cost.stated(kind.name, kind.cost_s)
 
 
+def rule_of(spec: AdaptiveSpec | None) -> Rule | None:
+    if spec is None:
+        return None
+    return Rule(threshold=spec.threshold, detect=spec.detect, confidence=spec.confidence, width=spec.width,
+                round=spec.round)
+
+
+def adaptive_record(spec: AdaptiveSpec | None) -> AdaptiveRecord | None:
+    if spec is None:
+        return None
+    return AdaptiveRecord(threshold=spec.threshold, detect=spec.detect, confidence=spec.confidence,
+                          round=spec.round, width=spec.width)
+
+
+def recorded_adaptive(manifest: SweepManifest) -> AdaptiveSpec | None:
+    r = manifest.adaptive
+    if r is None:
+        return None
+    return AdaptiveSpec(threshold=r.threshold, detect=r.detect, confidence=r.confidence, round=r.round, width=r.width)
+
+
 def make_plan(matrix_path: str | Path, runs_dir: str | Path, *, resolve: bool = True,
-              design_spec: DesignSpec | None = None, cut: Slice | None = None) -> Plan:
+              design_spec: DesignSpec | None = None, adaptive: bool | AdaptiveSpec | None = None,
+              budget_hours: float | None = None, cut: Slice | None = None) -> Plan:
     """Everything checkable before a server starts. `resolve=False` (a dry run) leaves refs of a
     remote repository unresolved rather than cloning it. `design_spec` overrides the matrix's
-    `design:` key (default: the full product); `cut` narrows the matrix to one commit or some cells
-    (`sweeper.matrix_slice`) before the design chooses."""
+    `design:` key (default: the full product); `adaptive` its `adaptive:` key (True: the matrix's
+    rule, else the default one); `budget_hours` fits the design's servers into that many GPU-hours; `cut` narrows the
+    matrix to one commit or some cells (`sweeper.matrix_slice`) before the design chooses."""
     matrix = load_matrix(matrix_path)
     if cut is not None:
         from sweeper.yamlfile import load
@@ -113,6 +175,17 @@ def make_plan(matrix_path: str | Path, runs_dir: str | Path, *, resolve: bool = 
         data, pos = load(matrix_path)
         matrix = apply_slice(matrix, data, pos, cut)
     chosen = design.choose(matrix, design_spec or matrix.spec.design_spec)
+    rule: AdaptiveSpec | None
+    if isinstance(adaptive, AdaptiveSpec):
+        rule = adaptive
+    elif adaptive:
+        rule = matrix.spec.adaptive_spec or AdaptiveSpec()
+    elif adaptive is None:
+        rule = matrix.spec.adaptive_spec
+    else:
+        rule = None
+    if budget_hours is not None and not (budget_hours > 0 and budget_hours < float("inf")):
+        raise ConfigError(f"expected a number of GPU-hours above 0, got {budget_hours:g}", key="--budget")
     suite = load_suites(matrix.suite_paths)
     install = matrix.spec.install
     remote = install.repo is not None and gitrepo.is_url(install.repo)
@@ -135,7 +208,13 @@ def make_plan(matrix_path: str | Path, runs_dir: str | Path, *, resolve: bool = 
             except GitError as exc:
                 raise ConfigError(str(exc), file=matrix.path, key="axes.commit") from None
     order = history_order(repo, commit_axis(matrix.raw, shas), shas)
-    return Plan(matrix, suite, repo, shas, chosen, order)
+    plan = Plan(matrix, suite, repo, shas, chosen, order, adaptive=rule)
+    if budget_hours is not None:
+        # Fitted with the stated profile, so that a resumed run fits the same servers.
+        plan.budget = budget.fit(chosen.groups, plan.profile, requests_per_cell=plan.modelled_requests_per_cell(),
+                                 gpus=matrix.spec.gpus_per_cell, installs=True,
+                                 budget_s=budget_hours * 3600.0)
+    return plan
 
 
 def _resumed_design(run_id: str, old: SweepManifest, asked: DesignSpec | None) -> DesignSpec:
@@ -184,14 +263,16 @@ def jobs_for(plan: Plan, run: RunDir, cache_dir: Path | None) -> list[GroupJob]:
             for g in plan.groups]
 
 
-def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | None = None, resume: str | None = None,  # noqa: PLR0913
+def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | None = None, resume: str | None = None,  # noqa: PLR0913  (the run's optional choices, by keyword)
                executor: ExecutorFactory | None = None, cache_dir: Path | None = None,
                on_group: Callable[[GroupJob, GroupResult], None] | None = None,
                on_plan: Callable[[Plan, int], None] | None = None,
-               design_spec: DesignSpec | None = None, cut: Slice | None = None) -> RunOutcome:
+               design_spec: DesignSpec | None = None, adaptive: bool | AdaptiveSpec | None = None,
+               budget_hours: float | None = None, cut: Slice | None = None) -> RunOutcome:
     """Run `matrix_path`'s design (`design_spec`, else the matrix's `design:` key, else the full
-    product), over the slice `cut` of it when given. A resumed run keeps the design its manifest
-    records (and must be given the same `cut`)."""
+    product), adaptive (`adaptive`, else the matrix's `adaptive:` key) and within `budget_hours`
+    GPU-hours when given, over the slice `cut` of the matrix when given. A resumed run keeps the
+    design, rule and budget its manifest records (and must be given the same `cut`)."""
     notes: list[str] = []
     if resume:
         run = open_run(runs_dir, resume, create=False)
@@ -200,7 +281,11 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | N
         sweeps = [m for m in recorded if isinstance(m, SweepManifest)]
         if sweeps:
             design_spec = _resumed_design(resume, sweeps[0], design_spec)
-        plan = make_plan(matrix_path, runs_dir, design_spec=design_spec, cut=cut)
+            adaptive = recorded_adaptive(sweeps[0]) or False
+            if sweeps[0].budget is not None:
+                budget_hours = sweeps[0].budget.gpu_hours
+        plan = make_plan(matrix_path, runs_dir, design_spec=design_spec, adaptive=adaptive, budget_hours=budget_hours,
+                         cut=cut)
         if run.manifest_problem():
             # Rebuilt from this matrix, once the results say they were made from it.
             notes.append(plan.rebuild_manifest(run))
@@ -214,6 +299,9 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | N
         if old.design is not None and old.design.digest != plan.design.digest:
             raise StoreError(f"run {resume}: its design now chooses other cells than it ran; start a new run "
                              "instead")
+        if old.budget is not None and plan.budget is not None \
+                and set(old.budget.left_groups) != {g.group_id for g in plan.budget.left}:
+            raise StoreError(f"run {resume}: its budget now fits other servers than it ran; start a new run instead")
         # A damaged group is not done: its files go aside (kept) and the group runs again.
         damage = run.scan(probes=False, manifest=False).damage
         if damage:
@@ -221,7 +309,8 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | N
             run.move_aside(damage)
         run.clean_temp()
     else:
-        plan = make_plan(matrix_path, runs_dir, design_spec=design_spec, cut=cut)
+        plan = make_plan(matrix_path, runs_dir, design_spec=design_spec, adaptive=adaptive, budget_hours=budget_hours,
+                         cut=cut)
         run = open_run(runs_dir, run_id or new_run_id(plan.matrix.name), create=True)
         run.write_manifest(plan.manifest(run.run_id))
     done = run.done_groups()

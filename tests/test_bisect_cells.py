@@ -144,7 +144,7 @@ def test_no_run_and_a_run_without_changes_are_one_line_each(history: tuple[Path,
 
     def bisect(good: str, bad: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "sweeper", "bisect", "--good", good, "--bad", bad,
-                               "--runs-dir", str(runs)], capture_output=True, text=True, timeout=120, check=False)
+                               "--runs-dir", str(runs), "--executor", "local"], capture_output=True, text=True, timeout=120, check=False)
 
     out = bisect("v0.27", "main")
     assert out.returncode == 1 and "Traceback" not in out.stderr
@@ -157,7 +157,7 @@ def test_no_run_and_a_run_without_changes_are_one_line_each(history: tuple[Path,
                      .replace("spec_method: [none, ngram, mtp]", "spec_method: [none]")
                      .replace('env.VLLM_USE_V2_MODEL_RUNNER: ["0", "1"]', 'env.VLLM_USE_V2_MODEL_RUNNER: ["0"]'))
     done = subprocess.run([sys.executable, "-m", "sweeper", "matrix", str(quiet), "--runs-dir", str(runs),
-                           "--cache-dir", str(tmp_path / "cache"), "--gpus", "2"],
+                           "--cache-dir", str(tmp_path / "cache"), "--gpus", "2", "--executor", "local"],
                           capture_output=True, text=True, timeout=300, env=_no_ray_address(), check=False)
     assert done.returncode == 0, done.stderr
     out = bisect("c6", "c7")

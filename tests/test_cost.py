@@ -73,3 +73,36 @@ def test_gpu_seconds_of_installs_starts_and_requests(tmp_path: Path) -> None:
     e = estimate(two.groups(), two.spec, profile_for(two.spec, stated_profile(two.spec)), 10)
     # Nothing to install for a preinstalled vLLM; 2 servers of 2 cells of 10 requests, on 2 GPUs each.
     assert (e.installs, e.starts, e.requests, e.gpu_seconds) == (0, 2, 40, 2 * (2 * 100 + 40 * 1))
+
+
+def test_installs_and_replays_are_learnt_from_rows_of_schema_version_2() -> None:
+    rows = [
+        # Commit a built once (30 s) and looked up once (0.1 s); commit b looked up only.
+        {"group_id": "g1", "commit_sha": "a", "install_s": 30.0, "startup_s": 4.0, "replay_s": 10.0,
+         "duration_s": 45.0, "n_samples": 10},
+        {"group_id": "g1", "commit_sha": "a", "install_s": 30.0, "startup_s": 4.0, "replay_s": 10.0,
+         "duration_s": 45.0, "n_samples": 10},
+        {"group_id": "g2", "commit_sha": "a", "install_s": 0.1, "startup_s": 6.0, "replay_s": 4.0,
+         "duration_s": 11.0, "n_samples": 8},
+        {"group_id": "g3", "commit_sha": "b", "install_s": 2.0, "startup_s": None, "replay_s": None,
+         "duration_s": 3.0, "n_samples": 0},
+    ]
+    m = learn(rows)
+    # Installs: the slowest of each commit's (30, 2), median 16; starts and requests of served groups.
+    assert (m.install_s, m.start_s, m.groups) == (16.0, 5.0, 2)
+    assert m.request_s == pytest.approx((10 / 20 + 4 / 8) / 2)
+
+
+def test_a_cells_gpu_seconds_are_its_share_of_its_groups_measured_time() -> None:
+    # Two cells on one server: install 10 s + start 20 s + 2 s after the replay, split evenly; the
+    # 60 s replay by samples (one cell stopped after 10 of the group's 40).
+    kw = {"gpus": 2.0, "cells": 2, "group_samples": 40, "install_s": 10.0, "startup_s": 20.0, "replay_s": 60.0,
+          "duration_s": 92.0}
+    short = cost.cell_seconds(samples=10, **kw)  # type: ignore[arg-type]
+    long = cost.cell_seconds(samples=30, **kw)  # type: ignore[arg-type]
+    assert short == 2.0 * (16.0 + 15.0) and long == 2.0 * (16.0 + 45.0)
+    assert short + long == 2.0 * 92.0
+    # A group that never served: its whole time, split evenly.
+    failed = cost.cell_seconds(gpus=1.0, cells=4, samples=0, group_samples=0, install_s=3.0, startup_s=None,
+                               replay_s=None, duration_s=40.0)
+    assert failed == 10.0

@@ -139,7 +139,7 @@ def test_report_warns_check_lists_resume_repairs(case: str, made: tuple[Path, Pa
     assert out.startswith(f"run r: {part}: ")
 
     # resume: the damaged group (only) runs again; every row exactly once.
-    code, out, err = run_cli(["matrix", str(path), "--runs-dir", str(runs), "--resume", "r"], capsys)
+    code, out, err = run_cli(["matrix", str(path), "--runs-dir", str(runs), "--resume", "r", "--executor", "local"], capsys)
     assert code == 0, err
     assert_one_line_each(err)
     notes = [line for line in err.splitlines() if line.startswith("note: ")]
@@ -209,7 +209,7 @@ def test_runs_repair_says_why_it_cannot(made: tuple[Path, Path], tmp_path: Path,
         p.unlink()
     assert "no result file records the matrix" in repair()
     # Resume with another matrix refuses too, and changes nothing.
-    code, _, err = run_cli(["matrix", str(other), "--runs-dir", str(runs), "--resume", "r"], capsys)
+    code, _, err = run_cli(["matrix", str(other), "--runs-dir", str(runs), "--resume", "r", "--executor", "local"], capsys)
     assert code == 1 and err.startswith("error: ") and err.count("\n") == 1
 
 

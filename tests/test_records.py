@@ -28,7 +28,7 @@ from sweeper.records import (
     from_json,
     to_json,
 )
-from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, DamagedManifest, RunDir, open_run, table
+from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, SCHEMA_VERSION, DamagedManifest, RunDir, open_run, table
 
 DATA = Path(__file__).parent / "data" / "manifests"
 
@@ -81,7 +81,9 @@ def test_the_store_writes_the_keys_version_1_had(name: str, tmp_path: Path) -> N
     run.write_manifest(m)
     written = json.loads(run.manifest_path.read_text())
     old = v1(name)
-    expected = {**old, "manifest_version": VERSION, **({"commit_order": None} if name == "sweep" else {})}
+    # Stamped with the schema version it is written under (one that reads the old run's files too).
+    expected = {**old, "manifest_version": VERSION, "schema_version": SCHEMA_VERSION,
+                **({"commit_order": None} if name == "sweep" else {})}
     assert written == expected
     assert run.read_manifest() == m
     assert from_json(to_json(m)) == m

@@ -22,7 +22,8 @@ def _start_lik(k: int, n: int, r: float, rho: float) -> float:
 
 
 def _brute(starts: list[Start], n_positions: int, prior: Prior) -> tuple[np.ndarray, float]:
-    """Every segmentation of the points, every zero/positive state, every rate and rho, summed."""
+    """Every segmentation of the points, every zero/positive state, every rate and rho, summed; a
+    single cut between equal rates counted as no change."""
     points = sorted({s.index for s in starts})
     pi = prior.change_probability(n_positions)
     w, w_rho = np.exp(prior.log_w), np.exp(prior.log_w_rho)
@@ -34,11 +35,17 @@ def _brute(starts: list[Start], n_positions: int, prior: Prior) -> tuple[np.ndar
         segs = list(itertools.pairwise(bounds))
         for ri, rho in enumerate(prior.rhos):
             # Per segment: (marginal if its rate is 0, marginal if positive).
-            parts = []
+            parts, liks = [], []
             for lo, hi in segs:
                 mine = [s for s in starts if points[lo] <= s.index <= points[hi - 1]]
                 lik = [math.prod(_start_lik(s.failures, s.samples, r, rho) for s in mine) for r in prior.rates]
                 parts.append((w[0] * lik[0], float(np.dot(w[1:], lik[1:]))))
+                liks.append(np.array(lik))
+            if len(segs) == 2:
+                # One cut between equal (positive) rates is no change.
+                same = weight * w_rho[ri] * float(np.sum(w[1:] ** 2 * liks[0][1:] * liks[1][1:]))
+                gap_mass -= same * np.array(cuts, dtype=float)
+                no_change += same
             for states in itertools.product([0, 1], repeat=len(segs)):
                 if any(a == 0 and b == 0 for a, b in itertools.pairwise(states)):
                     continue  # two zero-rate neighbours are one segment
@@ -55,8 +62,9 @@ def _brute(starts: list[Start], n_positions: int, prior: Prior) -> tuple[np.ndar
     [Start(0, 0, 20), Start(0, 0, 20), Start(4, 6, 20), Start(6, 0, 20), Start(9, 0, 15)],  # rise and fix
     [Start(0, 3, 20), Start(2, 4, 20), Start(5, 3, 20), Start(9, 5, 20)],  # no change
 ])
-def test_posterior_matches_brute_force(starts: list[Start]) -> None:
-    prior = Prior.default(points=10, rhos=(0.0, 0.1, 0.3))
+@pytest.mark.parametrize("zero_mass", [0.0, 0.5])
+def test_posterior_matches_brute_force(starts: list[Start], zero_mass: float) -> None:
+    prior = Prior.default(points=10, rhos=(0.0, 0.1, 0.3), zero_mass=zero_mass)
     post = posterior(starts, 9, prior)
     gaps, none = _brute(starts, 9, prior)
     assert np.allclose(post.gap_change, gaps, atol=1e-9)

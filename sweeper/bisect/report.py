@@ -16,9 +16,14 @@
                       before_good = true when it fails at good too and no start was found)
       changes         [CHANGE], oldest first
       modes           [{mode, at_good: RATE, at_bad: RATE, no_change, rho, fails_at_good, fails_at_bad,
-                        observed_at_good: {failures, samples}, observed_at_bad: {failures, samples}}]
+                        observed_at_good: {failures, samples}, observed_at_bad: {failures, samples},
+                        drifts: [{first, last: sha; rate_from, rate_to; steps}], decided, to_decide_samples}]
                       at_good / at_bad: the model's segments at either end (one and the same when it
-                      finds no change); observed_at_*: what the endpoints themselves showed
+                      finds no change); observed_at_*: what the endpoints themselves showed; drifts:
+                      ranges where the rate drifts rather than steps (their steps are not in
+                      `changes`); decided: P(no change) or every change reached the target, else
+                      to_decide_samples estimates the samples still needed
+      to_decide_gpu_seconds   the modelled GPU-seconds still needed to decide every mode
       rounds, probes, samples, skipped: [[sha, reason]]
     rounds, server_starts, reused_samples, gpu_seconds   for the whole bisect
     CHANGE  {mode, direction: "regression" | "fix", commit: COMMIT, candidates: [COMMIT],
@@ -127,8 +132,12 @@ def describe(reports: Sequence[BisectReport], cells: Sequence[ReportCell], commi
             "open": rep.open_gaps, "failing_at_bad": failing, "changes": change_rows,
             "modes": [{"mode": m.mode, "at_good": _rate(m.at_good), "at_bad": _rate(m.at_bad), "no_change": m.no_change,
                        "rho": m.rho, "fails_at_good": m.fails_at_good, "fails_at_bad": m.fails_at_bad,
-                       "observed_at_good": _seen(*m.observed[0]), "observed_at_bad": _seen(*m.observed[1])}
+                       "observed_at_good": _seen(*m.observed[0]), "observed_at_bad": _seen(*m.observed[1]),
+                       "drifts": [{"first": d.first, "last": d.last, "rate_from": d.rate_from, "rate_to": d.rate_to,
+                                   "steps": d.steps} for d in m.drifts],
+                       "decided": m.decided, "to_decide_samples": m.to_decide_samples}
                       for m in rep.modes],
+            "to_decide_gpu_seconds": rep.to_decide_s,
             "rounds": rep.rounds, "probes": rep.probes, "samples": rep.samples,
             "skipped": [list(s) for s in rep.skipped]})
     merged_by_commit = []
@@ -245,8 +254,16 @@ def render(summary: dict[str, Any]) -> str:
             out.extend(_change(ch) for ch in cell["changes"])
         elif state == BadEndpoint.FAILS.value:
             out.append(_no_change(cell, summary.get("confidence") or 0.99))
+        for m in cell["modes"]:
+            for d in m.get("drifts", []):
+                out.append(f"  the rate of {m['mode']} drifts between {d['first'][:12]} and {d['last'][:12]} "
+                           f"({100 * d['rate_from']:.1f}% to {100 * d['rate_to']:.1f}%), not a change at one commit")
         if not cell["done"]:
             out.append(f"  stopped at a limit with {cell['open']} open question(s): raise --max-samples")
+        undecided = [m["mode"] for m in cell["modes"] if not m.get("decided", True)]
+        if undecided and cell.get("to_decide_gpu_seconds"):
+            out.append(f"  undecided for {', '.join(undecided)}: about {cell['to_decide_gpu_seconds'] / 3600:.1f} "
+                       "GPU-hours more would decide")
         out.append(f"  {cell['probes']} probes, {cell['samples']} samples"
                    + (f", {len(cell['skipped'])} untestable commit(s)" if cell["skipped"] else ""))
     starts, rounds = summary.get("server_starts", 0), summary.get("rounds", 0)

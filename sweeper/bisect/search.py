@@ -31,19 +31,33 @@ How a round is chosen. Every mode names the commits it wants, each with a value:
 * inside a gap that may hold a change (P >= `explore`) and still has untested commits: evenly
   spaced commits, the first worth the gap's probability, the t-th worth 1/t of it (splitting a
   gap in t+1 parts shrinks it by less each time);
+* inside a gap whose ends share a rate but whose length leaves the prior at least `bump_explore`
+  on two changes inside it (a short bump: a regression and its fix): the same, worth that
+  probability;
 * for a gap already down to one testable commit whose change is still unsure: one more start on
   the side with fewer samples, worth min(P, 1 - P);
 * for a located change that the mixture over dispersions is sure of but some credible dispersion
   is not (`robust_dispersion`): one more start on the side with fewer starts.
+* for a mode with no change in view whose P(no change) is short of `confidence` (and above
+  1 - `confidence`): more samples at the ends, then at any probed commit. The search stops on
+  evidence, not when a change merely looks unlikely.
+Gaps inside a drift (`sweeper.bisect.drift`: a run of same-direction steps a ramp fits as well)
+want nothing: no commit there is the change.
 A commit's value is the sum over modes, so a commit that serves several searches wins; the round
 takes the K most valuable distinct commits. Each probe asks for the Wald sample count that tells
-the rates on either side of its gap apart at `confidence`, inflated for the learned per-start
-variation (a start of n samples is worth n / (1 + (n - 1) rho) independent ones) and capped.
+the rates on either side of its gap apart at `confidence`, planning for at least a `min_contrast`
+(1.3x) change where the data show none larger, and inflated for the learned per-start variation
+(a start of n samples is worth n / (1 + (n - 1) rho) independent ones) up to the count past which
+another server start is the cheaper way to buy information: GPU-seconds per independent sample,
+(start_s + n request_s)(1 + (n - 1) rho) / n, are least at n = sqrt(start_s (1 - rho) / (request_s
+rho)). Every located change needs two starts on each side, whatever the learned dispersion.
 
-The search is done when no mode wants anything, or the limits are reached (then the report is
-honest about what is undecided). The report lists every change (a gap more likely changed than
-not): its mode, direction, candidates, rates before and after, and its own confidence (the
-lowest the posterior gives it at any credible dispersion).
+The search is done when no mode wants anything, or the limits (`max_samples`, `max_rounds`,
+`max_gpu_s` of modelled GPU time) are reached; a mode is "decided" when P(no change) reached the
+confidence or every change is found, and otherwise reports an estimate of the samples (and the
+report of the GPU-seconds) still needed. The report lists every change (a gap more likely changed
+than not, outside drifts): its mode, direction, candidates, rates before and after, and its own
+confidence (the lowest the posterior gives it at any credible dispersion); and every drift.
 """
 
 from __future__ import annotations
@@ -54,9 +68,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from sweeper.bisect.drift import Drift, PointCounts, find_drifts
 from sweeper.bisect.segments import ModePosterior, Prior, Rate, Start, posterior
 from sweeper.errors import BisectError
-from sweeper.stats import samples_to_decide
+from sweeper.stats import samples_to_decide, wilson
 
 # A learned per-start correlation above this: the mode's rate varies between server starts.
 RHO_VARIES = 0.02
@@ -84,10 +99,22 @@ class SearchOptions:
     max_rounds: int | None = None
     max_starts_per_commit: int = 6
     max_starts_varying: int = 12  # once some mode's rate varies between server starts
-    max_samples_per_commit: int = 4000
+    max_samples_per_commit: int = 12000
     first_batch: int = 64
     min_batch: int = 16
-    max_batch: int = 1000
+    max_batch: int = 2000
+    # The smallest contrast planned for where the data show none larger: a 1.3x step needs about
+    # 10x the samples of a 3x one, so sizing for 3x left small steps unseen.
+    min_contrast: float = 1.3
+    # GPU-seconds of one server start and one request (the install kind's cost profile,
+    # `sweeper.cost`): they set how many samples one start gets before another start is cheaper.
+    start_s: float = 240.0
+    request_s: float = 2.0
+    max_gpu_s: float | None = None  # modelled GPU-seconds over the whole search
+    # A gap whose ends share a rate is searched for a bump (a rise and its fix inside it) while the
+    # prior puts at least this much on two changes inside it.
+    bump_explore: float = 0.01
+    drift: bool = True  # flag a rate that drifts instead of stepping (`sweeper.bisect.drift`)
     min_rate: float = 0.01  # rates below this are below the search's resolution
     explore: float = 0.05  # a gap this likely to hold a change is searched
     endpoint_starts: int = 2
@@ -136,6 +163,19 @@ class Change:
 
 
 @dataclass(frozen=True)
+class DriftReport:
+    """The rate of `mode` drifts from about `rate_from` at `first` to about `rate_to` at `last`
+    (the probed commits that bound the ramp) instead of changing at one commit."""
+
+    mode: str
+    first: str
+    last: str
+    rate_from: float
+    rate_to: float
+    steps: int  # changes of the staircase it replaces
+
+
+@dataclass(frozen=True)
 class ModeReport:
     mode: str
     changes: tuple[Change, ...]
@@ -149,6 +189,12 @@ class ModeReport:
     # (failures, samples) seen at good and at bad themselves: at_good and at_bad are the segments the
     # model pools them into, one and the same when it finds no change.
     observed: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0))
+    # Ranges where the rate drifts rather than steps; the staircase of changes inside them is not
+    # in `changes`.
+    drifts: tuple[DriftReport, ...] = ()
+    # Decided: P(no change) reached the confidence, or every change is found (located at it).
+    decided: bool = True
+    to_decide_samples: int = 0  # an estimate of the samples still needed to decide, when not
 
     def change_density(self, n_commits: int) -> list[float]:
         """P(the rate changes at commit j) for every j: each gap's probability spread evenly over
@@ -177,6 +223,12 @@ class BisectReport:
     probes: int
     samples: int
     skipped: tuple[tuple[str, str], ...]
+    gpu_s: float = 0.0  # modelled GPU-seconds of the probes (SearchOptions.start_s, request_s)
+    to_decide_s: float = 0.0  # an estimate of the GPU-seconds still needed to decide every mode
+
+    @property
+    def undecided(self) -> tuple[ModeReport, ...]:
+        return tuple(m for m in self.modes if not m.decided)
 
     @property
     def changes(self) -> tuple[Change, ...]:
@@ -226,6 +278,7 @@ class Search:
         self.min_rate, self.explore, self.endpoint_starts = o.min_rate, o.explore, o.endpoint_starts
         self.prior = o.prior or Prior.default()
         self.robust_dispersion = o.robust_dispersion
+        self._drift_cache: dict[str, list[Drift]] = {}
         self._index = {c: i for i, c in enumerate(self.commits)}
         self._probes: list[_Probe] = []
         # Per commit index: server starts and samples so far (asked for in every planning loop).
@@ -284,6 +337,7 @@ class Search:
         self._n_samples[i] += samples
         self._observations.append(Observation(commit, samples, dict(fails), None, round_no))
         self._cache.clear()
+        self._drift_cache.clear()
 
     def _tell_skip(self, commit: str, reason: str, round_no: int) -> None:
         i = self._lookup(commit)
@@ -294,6 +348,7 @@ class Search:
         # Samples of a commit that later proves untestable stay: they are real observations.
         self._observations.append(Observation(commit, 0, {}, reason, round_no))
         self._cache.clear()
+        self._drift_cache.clear()
 
     def _lookup(self, commit: str) -> int:
         try:
@@ -311,6 +366,12 @@ class Search:
     def total_samples(self) -> int:
         return sum(p.samples for p in self._probes)
 
+    @property
+    def gpu_s(self) -> float:
+        """Modelled GPU-seconds of every probe told: its server start and its requests."""
+        o = self.options
+        return o.start_s * len(self._probes) + o.request_s * self.total_samples
+
     def _starts(self, i: int) -> int:
         return self._n_starts[i]
 
@@ -325,7 +386,8 @@ class Search:
 
     def _limits_reached(self) -> bool:
         return ((self.max_rounds is not None and self.rounds >= self.max_rounds)
-                or (self.max_samples is not None and self.total_samples >= self.max_samples))
+                or (self.max_samples is not None and self.total_samples >= self.max_samples)
+                or (self.options.max_gpu_s is not None and self.gpu_s >= self.options.max_gpu_s))
 
     def _start_cap(self) -> int:
         """Server starts one commit may get. When some mode's rate varies between starts, each start
@@ -376,48 +438,103 @@ class Search:
             # Enough to say "passes" if the next batch is clean too.
             needs.append(_Need(1.0, (last,), max(self.min_batch, self._clean_needed() - self._samples_at(last))))
         for mode in self._modes:
-            post = self.mode_posterior(mode)
-            if max(seg.high for seg in post.segments) < self.min_rate:
-                continue  # below the search's resolution everywhere: reported, not searched
-            pts = post.points
-            before = len(needs)
-            # Where a gap's sides look alike, plan for the largest contrast this mode has shown.
-            seg_rates = [seg.rate for seg in post.segments]
-            contrast = (min(seg_rates), max(seg_rates))
-            for a, p in enumerate(post.gap_change):
-                lo, hi = pts[a], pts[a + 1]
-                inside = tuple(j for j in range(lo + 1, hi) if j not in self._skipped)
-                seg_lo, seg_hi = post.segment_at(lo), post.segment_at(hi)
-                r_lo, r_hi = sorted((seg_lo.rate, seg_hi.rate))
-                if r_hi < 1.5 * r_lo + 0.01:
-                    r_lo, r_hi = contrast
-                n = self._batch(r_lo, r_hi, post.rho)
-                if inside:
-                    if p >= self.explore:
-                        needs.append(_Need(float(p), inside, n, split=True))
-                elif 1 - self.confidence < p < self.confidence and max(seg_lo.high, seg_hi.high) >= self.min_rate:
-                    # (Both sides credibly below min_rate: a change between them is below resolution.)
-                    self._resample(needs, lo, hi, 2 * min(float(p), 1 - float(p)), n)
-                elif p >= self.confidence and not self._two_starts_each(lo, hi, post.rho):
-                    self._resample(needs, lo, hi, 0.5, n, by_starts=True)
-                elif p >= self.confidence and not self._sure_at_any_dispersion(post, a):
-                    # Sure only if starts vary little: more starts on each side tell a change
-                    # from a few odd starts.
-                    self._resample(needs, lo, hi, 2 * (1 - float(post.gap_change_low[a])), n, by_starts=True)
-            asked = len(needs) > before or any(p > 0.5 for p in post.gap_change)
-            if not asked and 1 - post.no_change >= self.explore:
-                # Some change is likely but spread over every gap: only more samples at the ends
-                # can tell a small change from none (a small effect just needs more samples).
-                self._resample(needs, 0, last, 1 - post.no_change, self._batch(*contrast, post.rho))
+            self._mode_needs(mode, needs)
         return needs
+
+    def _mode_needs(self, mode: str, needs: list[_Need]) -> None:
+        post = self.mode_posterior(mode)
+        last = len(self.commits) - 1
+        if self._below_resolution(mode, post):
+            return  # below the search's resolution everywhere: reported, not searched
+        pts = post.points
+        before = len(needs)
+        # Where a gap's sides look alike, plan for the largest contrast this mode has shown.
+        seg_rates = [seg.rate for seg in post.segments]
+        contrast = (min(seg_rates), max(seg_rates))
+        in_drift = {a for d in self.drifts(mode) for a in range(pts.index(d.first), pts.index(d.last))}
+        for a, p in enumerate(post.gap_change):
+            if a in in_drift:
+                continue  # a drift has no commit to locate
+            lo, hi = pts[a], pts[a + 1]
+            inside = tuple(j for j in range(lo + 1, hi) if j not in self._skipped)
+            seg_lo, seg_hi = post.segment_at(lo), post.segment_at(hi)
+            r_lo, r_hi = sorted((seg_lo.rate, seg_hi.rate))
+            if r_hi < 1.5 * r_lo + 0.01:
+                r_lo, r_hi = contrast
+            n = self._batch(r_lo, r_hi, post.rho)
+            if inside:
+                if p >= self.explore:
+                    needs.append(_Need(float(p), inside, n, split=True))
+                elif (bump := self._bump_probability(hi - lo)) >= self.options.bump_explore and seg_lo is seg_hi:
+                    # Both ends share a rate, but a rise and its fix may sit between them: worth a
+                    # look in proportion to the prior's mass on two changes inside, sized to see
+                    # a bump of three times the rate around it.
+                    r = seg_lo.rate
+                    needs.append(_Need(bump, inside, self._batch(r, 3 * r + self.min_rate, post.rho), split=True))
+            elif 1 - self.confidence < p < self.confidence and max(seg_lo.high, seg_hi.high) >= self.min_rate:
+                # (Both sides credibly below min_rate: a change between them is below resolution.)
+                self._resample(needs, lo, hi, 2 * min(float(p), 1 - float(p)), n)
+            elif p >= self.confidence and not self._two_starts_each(lo, hi, post.rho):
+                self._resample(needs, lo, hi, 0.5, n, by_starts=True)
+            elif p >= self.confidence and not self._sure_at_any_dispersion(post, a):
+                # Sure only if starts vary little: more starts on each side tell a change
+                # from a few odd starts.
+                self._resample(needs, lo, hi, 2 * (1 - float(post.gap_change_low[a])), n, by_starts=True)
+        asked = len(needs) > before or any(p > 0.5 for p in post.gap_change)
+        if not asked and 1 - self.confidence < post.no_change < self.confidence:
+            # Some change may be there but spread over every gap: only more samples at the ends
+            # can tell a small change from none. The search stops on evidence (P(no change)
+            # reaching the confidence, or P(change) reaching it and the change found), not
+            # when a change merely looks unlikely.
+            value, n = min(1 - post.no_change, post.no_change), self._batch(*contrast, post.rho)
+            if any(self._probeable(x) for x in (0, last)):
+                self._resample(needs, 0, last, value, n)
+            elif open_points := [x for x in pts if self._probeable(x)]:
+                # The ends have had all the starts they may: any probed commit's samples count too.
+                needs.append(_Need(value, (min(open_points, key=lambda x: (self._samples_at(x), x)),), n))
+
+    def _below_resolution(self, mode: str, post: ModePosterior) -> bool:
+        """Credibly below `min_rate` everywhere: every segment and both endpoints by their own counts
+        (a pooled segment hides an end that fails more, when the model has not yet seen it change)."""
+        if max(seg.high for seg in post.segments) >= self.min_rate:
+            return False
+        for i in (post.points[0], post.points[-1]):
+            k = sum(p.failures.get(mode, 0) for p in self._probes if p.index == i)
+            if wilson(k, self._samples_at(i))[1] >= self.min_rate:
+                return False
+        return True
+
+    def _bump_probability(self, gap: int) -> float:
+        """The prior's probability of two or more changes among `gap` commits."""
+        pi = self.prior.change_probability(len(self.commits) - 1)
+        return float(1 - (1 - pi) ** gap - gap * pi * (1 - pi) ** (gap - 1))
+
+    def drifts(self, mode: str) -> list[Drift]:
+        """Runs of same-direction changes of `mode` that a ramp fits as well (`sweeper.bisect.drift`)."""
+        if not self.options.drift:
+            return []
+        if mode not in self._drift_cache:
+            post = self.mode_posterior(mode)
+            changes = []
+            for a, p in enumerate(post.gap_change):
+                if p > 0.5:
+                    changes.append((a, post.segment_at(post.points[a + 1]).rate > post.segment_at(post.points[a]).rate))
+            found: list[Drift] = []
+            if len(changes) >= 2:
+                counts = [PointCounts(i, sum(p.failures.get(mode, 0) for p in self._probes if p.index == i),
+                                      self._samples_at(i)) for i in post.points]
+                per_start = self.total_samples / max(1, len(self._probes))
+                found = find_drifts(counts, changes, design_effect=1 + max(0.0, per_start - 1) * post.rho)
+            self._drift_cache[mode] = found
+        return self._drift_cache[mode]
 
     def _sure_at_any_dispersion(self, post: ModePosterior, gap: int) -> bool:
         return not self.robust_dispersion or float(post.gap_change_low[gap]) >= self.confidence
 
     def _two_starts_each(self, lo: int, hi: int, rho: float) -> bool:
-        """With per-start variation, one start per side can be one odd start: a located change
-        is settled only with two on each side."""
-        return rho <= RHO_VARIES or min(self._starts(lo), self._starts(hi)) >= 2
+        """One start per side can be one odd start, and a dispersion learned as low from a few
+        starts may not be: a located change is settled only with two on each side, whatever rho."""
+        return min(self._starts(lo), self._starts(hi)) >= 2
 
     def _resample(self, needs: list[_Need], lo: int, hi: int, value: float, n: int, *,
                   by_starts: bool = False) -> None:
@@ -470,14 +587,29 @@ class Search:
         return placed()
 
     def _batch(self, p_lo: float, p_hi: float, rho: float) -> int:
+        """Samples for one start: the Wald count that tells the two rates apart (planning for at
+        least `min_contrast`, the smallest change the search is after), as far as samples are
+        the cheaper way to buy it."""
         lo, hi = sorted((p_lo, p_hi))
-        hi = max(hi, 3 * lo, lo + 0.05)
-        need = samples_to_decide(lo, min(hi, 1 - 1e-6), self.confidence)
+        hi = max(hi, self.options.min_contrast * lo, lo + self.min_rate / 4)
+        need = self._wald(lo, hi)
         # Design effect: a start of n samples is worth n / (1 + (n - 1) rho) independent ones.
         if rho > 0:
-            # Past 1/rho samples a start adds little: beyond that, more starts are what helps.
-            need = math.ceil(need * (1 - rho) / (1 - need * rho)) if need * rho < 0.5 else math.ceil(2 / rho)
+            # GPU-seconds per independent sample, (start_s + n request_s) (1 + (n - 1) rho) / n,
+            # are least at n = sqrt(start_s (1 - rho) / (request_s rho)): past it, another start
+            # buys more than more samples on this one.
+            cheapest = math.sqrt(self.options.start_s * (1 - rho) / (self.options.request_s * rho))
+            one_start = need * (1 - rho) / (1 - need * rho) if need * rho < 0.5 else math.inf
+            need = math.ceil(min(one_start, cheapest))
         return int(min(self.max_batch, max(self.min_batch, need)))
+
+    def _wald(self, lo: float, hi: float) -> int:
+        """Wald's expected samples to tell rate `lo` from `hi` (> lo) at the confidence; rates at
+        or next to 1 are told apart by a handful."""
+        hi = min(hi, 1 - 1e-6)
+        if hi <= lo:
+            return self.min_batch
+        return samples_to_decide(lo, hi, self.confidence)
 
     @property
     def done(self) -> bool:
@@ -508,16 +640,22 @@ class Search:
         modes = tuple(self._mode_report(m) for m in self._modes)
         needs = self._needs()
         probes = len(self._probes)
+        o = self.options
+        to_decide = sum(o.request_s * m.to_decide_samples
+                        + o.start_s * math.ceil(m.to_decide_samples / max(1, self.max_batch)) for m in modes)
         return BisectReport(modes, self.bad_endpoint(), self.confidence, not needs, len(needs), self.rounds,
                             probes, self.total_samples,
-                            tuple((self.commits[i], r) for i, r in sorted(self._skipped.items())))
+                            tuple((self.commits[i], r) for i, r in sorted(self._skipped.items())),
+                            self.gpu_s, float(to_decide))
 
     def _mode_report(self, mode: str) -> ModeReport:
         post = self.mode_posterior(mode)
         pts = post.points
+        drifts = self.drifts(mode)
+        in_drift = {a for d in drifts for a in d.gaps}
         changes = []
         for a, p in enumerate(post.gap_change):
-            if p <= 0.5:
+            if p <= 0.5 or a in in_drift:
                 continue
             lo, hi = pts[a], pts[a + 1]
             before, after = post.segment_at(lo), post.segment_at(hi)
@@ -536,5 +674,30 @@ class Search:
         last = len(self.commits) - 1
         observed = tuple((sum(p.failures.get(mode, 0) for p in self._probes if p.index == i),
                           sum(p.samples for p in self._probes if p.index == i)) for i in (0, last))
+        below = self._below_resolution(mode, post)
+        settled = post.no_change >= self.confidence or (
+            1 - post.no_change >= self.confidence and all(c.found for c in changes) and bool(changes or drifts))
+        decided = below or settled
+        drift_reports = tuple(DriftReport(mode, self.commits[d.first], self.commits[d.last], d.rate_from, d.rate_to,
+                                          len(d.gaps)) for d in drifts)
         return ModeReport(mode, tuple(changes), good, bad, post.no_change, post.rho,
-                          fails_bad, fails_good, gaps, (observed[0], observed[1]))
+                          fails_bad, fails_good, gaps, (observed[0], observed[1]), drift_reports,
+                          decided, 0 if decided else self._to_decide(post, changes))
+
+    def _to_decide(self, post: ModePosterior, changes: Sequence[Change]) -> int:
+        """A rough count of the samples still needed: Wald counts to tell the rates at either end of
+        each unfound change apart, one bisection's worth of probes for its candidates; with no change
+        in view, the samples at both ends that would tell the rate there from `min_contrast` times it."""
+        open_changes = [c for c in changes if not c.found]
+        if not open_changes:
+            seg = post.segments[0]
+            r = max(seg.rate, self.min_rate / 4)
+            need = self._wald(r, r * self.options.min_contrast)
+            have = min(self._samples_at(post.points[0]), self._samples_at(post.points[-1]))
+            return int(2 * max(0, 4 * need - have))  # P(no change) needs several Wald counts of evidence
+        total = 0
+        for c in open_changes:
+            lo, hi = sorted((c.before.rate, c.after.rate))
+            per_probe = self._wald(lo, max(hi, lo * self.options.min_contrast))
+            total += per_probe * (2 + math.ceil(math.log2(max(2, len(c.candidates)))))
+        return int(total)
