@@ -217,6 +217,20 @@ def report_cmd(
     from sweeper.records import BisectManifest
     from sweeper.store import open_run
 
+    if run_id is not None and not any((explain, html, issue, heatmap, against, all_cells)):
+        from sweeper import triage_report
+
+        record = triage_report.load(runs_dir, run_id)
+        if record is not None:
+            # A triage run: its summary (phases, their cost and reuse, the modes and their reports).
+            if as_json:
+                from sweeper.triage_record import to_json as record_json
+
+                sys.stdout.write(json.dumps(record_json(record), indent=2) + "\n")
+                return
+            for line in triage_report.summary_lines(record):
+                out.print(line, markup=False, highlight=False, soft_wrap=True)
+            return
     run = open_run(runs_dir, run_id, create=False) if run_id else analysis.latest_run(runs_dir)
     manifest = run.manifest_or_none()  # results of another schema version: one line, stop
     warn_damage(run)
@@ -500,6 +514,74 @@ def bisect_cmd(
         return
     out.print(report.render(outcome.summary), markup=False, highlight=False)
     out.print(f"results: {outcome.run.uri}")
+
+
+@app.command("triage")
+def triage_cmd(
+    file: Annotated[Path, typer.Argument(help="Matrix YAML file.")],
+    good: Annotated[str, typer.Option("--good", help="A commit that passes (v0.27 means the v0.27.0 tag).")],
+    bad: Annotated[str, typer.Option("--bad", help="A later commit that fails (main, a tag, a sha).")],
+    runs_dir: RunsDir = "runs",
+    run_id: Annotated[str | None, typer.Option(help="Name of the new triage run.")] = None,
+    resume: Annotated[str | None, typer.Option(help="Continue this triage run: finished phases are read back, "
+                                                      "no stored probe runs again.")] = None,
+    budget: Annotated[float | None, typer.Option("--budget", help="GPU-hours: a phase the cost model prices past "
+                                                                  "what is left is skipped (the summary says so).")] = None,
+    design: Annotated[str | None, typer.Option("--design", help="The sweeps' design: full or covering[:T] "
+                                                               "(default covering:3).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the phases with their modelled GPU time; run nothing.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the triage record (triage.json) instead of the summary.")] = False,
+    confidence: Annotated[float, typer.Option(help="The bisect's target confidence.")] = 0.99,
+    max_samples: Annotated[int | None, typer.Option(help="The bisect stops after this many requests per cell.")] = None,
+    parallel: Annotated[int | None, typer.Option(help="Bisect probes per round (default: the free GPU slots).")] = None,
+    address: Annotated[str | None, typer.Option(help="Ray cluster address (default: RAY_ADDRESS, else a local cluster).")] = None,
+    gpus: Annotated[float | None, typer.Option(help="Logical GPU slots of the local cluster for simulator runs (default 4).")] = None,
+    executor: ExecutorOpt = "ray",
+    cache_dir: Annotated[Path | None, typer.Option(help="Per-commit environment cache.")] = None,
+) -> None:
+    """From a matrix and a commit range to one bug report per failure mode: sweep bad (covering
+    design), sweep good on what failed, explain each mode, bisect each once on its cheapest cell,
+    write the reports.
+
+    Example: sweep triage matrices/demo.yaml --good v0.27 --bad main
+    """
+    import dataclasses
+
+    from sweeper import triage, triage_report
+    from sweeper.errors import ConfigError
+    from sweeper.executor import choose
+    from sweeper.matrix import DESIGN_EXPECTED, design_from_text
+    from sweeper.triage_record import to_json as record_json
+
+    design_spec = design_from_text(design) if design is not None else None
+    if design is not None and design_spec is None:
+        raise ConfigError(f"{DESIGN_EXPECTED}, got {design!r}", key="--design")
+    if budget is not None and budget < 0:
+        raise ConfigError(f"expected a number of GPU-hours >= 0, got {budget}", key="--budget")
+    scope = triage.TriageScope(matrix_path=file, good=good, bad=bad)
+    options = triage.TriageOptions(runs_dir=runs_dir, run_id=run_id, resume=resume, design=design_spec,
+                                   budget_h=budget, cache_dir=cache_dir, confidence=confidence,
+                                   max_samples=max_samples, parallel=parallel)
+    if dry_run:
+        phases = triage.dry_run(scope, options)
+        if as_json:
+            sys.stdout.write(json.dumps([dataclasses.asdict(p) for p in phases], indent=2) + "\n")
+            return
+        for line in triage.dry_run_lines(phases, budget):
+            out.print(line, markup=False, highlight=False, soft_wrap=True)
+        return
+    try:
+        outcome = triage.run_triage(scope, options, executor=choose(executor, address=address, gpus=gpus),
+                                    on_event=lambda line: err.print(line, markup=False, highlight=False))
+    except Interrupted as exc:
+        raise exc.with_resume(resume_command("triage", str(file), "--good", good, "--bad", bad, runs_dir=runs_dir,
+                                             run_id=exc.run_id)) from None
+    if as_json:
+        sys.stdout.write(json.dumps(record_json(outcome.record), indent=2) + "\n")
+        return
+    for line in triage_report.summary_lines(outcome.record):
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
+    out.print(f"results: {outcome.run.uri}", markup=False, highlight=False)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},

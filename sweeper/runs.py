@@ -42,7 +42,7 @@ class RunSummary:
     """One line of `sweep runs list` (and one object of its `--json`)."""
 
     run_id: str
-    kind: str | None  # "matrix", "bisect"; None when the manifest does not read
+    kind: str | None  # "matrix", "bisect", "triage"; None when the manifest does not read
     created: str | None  # ISO 8601, UTC
     matrix: str | None  # the matrix's name
     cells: int  # cells with results
@@ -88,10 +88,38 @@ def summarize(run: RunDir) -> RunSummary:
 
 
 def listing(runs_dir: str | os.PathLike[str]) -> list[RunSummary]:
-    """Every run under `runs_dir`, oldest first (by creation time)."""
+    """Every run under `runs_dir`, oldest first (by creation time), then the triage runs (their
+    phases are runs inside them), each one line whose failing count is the modes it reported."""
     from sweeper import analysis
 
-    return [summarize(run) for run in analysis.run_dirs(runs_dir)]
+    # Triage runs after the others: their phases are listed inside them, not here.
+    return [summarize(run) for run in analysis.run_dirs(runs_dir)] + triage_listing(runs_dir)
+
+
+def triage_listing(runs_dir: str | os.PathLike[str]) -> list[RunSummary]:
+    """The triage runs under `runs_dir`, by name."""
+    from sweeper.storage import Location
+    from sweeper.triage_record import RECORD, from_json
+
+    out: list[RunSummary] = []
+    base = Location.parse(runs_dir)
+    if not base.is_dir():
+        return out
+    for entry in sorted(base.listing(), key=lambda e: e.base_name):
+        if entry.base_name.startswith("."):
+            continue
+        run = RunDir(base.join(entry.base_name))
+        data = run.read_json(RECORD)
+        if data is None:
+            continue
+        try:
+            record = from_json(data, f"{run.uri}/{RECORD}")
+        except StoreError:
+            out.append(RunSummary(run.run_id, "triage", None, None, 0, 0, "damaged", run.uri))
+            continue
+        out.append(RunSummary(run.run_id, "triage", record.created, Path(record.matrix_path).stem, 0,
+                              len(record.modes), "done" if record.final else "unfinished", run.uri))
+    return out
 
 
 def check(runs_dir: str | os.PathLike[str], run_id: str | None = None) -> list[RunHealth]:

@@ -38,6 +38,8 @@ from sweeper.matrix import (
     load_matrix,
     short_hash,
 )
+from sweeper.matrix_slice import Slice
+from sweeper.matrix_slice import apply as apply_slice
 from sweeper.portable import RepoSource, portable_spec, repo_source
 from sweeper.records import (
     AdaptiveRecord,
@@ -213,12 +215,18 @@ def recorded_adaptive(manifest: SweepManifest) -> AdaptiveSpec | None:
 
 def make_plan(matrix_path: str | Path, runs_dir: str | Path, *, resolve: bool = True,
               design_spec: DesignSpec | None = None, adaptive: bool | AdaptiveSpec | None = None,
-              budget_hours: float | None = None) -> Plan:
+              budget_hours: float | None = None, cut: Slice | None = None) -> Plan:
     """Everything checkable before a server starts. `resolve=False` (a dry run) leaves refs of a
     remote repository unresolved rather than cloning it. `design_spec` overrides the matrix's
     `design:` key (default: the full product); `adaptive` its `adaptive:` key (True: the matrix's
-    rule, else the default one); `budget_hours` fits the design's servers into that many GPU-hours."""
+    rule, else the default one); `budget_hours` fits the design's servers into that many GPU-hours; `cut` narrows the
+    matrix to one commit or some cells (`sweeper.matrix_slice`) before the design chooses."""
     matrix = load_matrix(matrix_path)
+    if cut is not None:
+        from sweeper.yamlfile import load
+
+        data, pos = load(matrix_path)
+        matrix = apply_slice(matrix, data, pos, cut)
     chosen = design.choose(matrix, design_spec or matrix.spec.design_spec)
     rule: AdaptiveSpec | None
     if isinstance(adaptive, AdaptiveSpec):
@@ -314,12 +322,13 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | N
                on_group: Callable[[GroupJob, GroupResult], None] | None = None,
                on_plan: Callable[[Plan, int], None] | None = None,
                design_spec: DesignSpec | None = None, adaptive: bool | AdaptiveSpec | None = None,
-               budget_hours: float | None = None, zoom_options: ZoomOptions | None = None) -> RunOutcome:
+               budget_hours: float | None = None, zoom_options: ZoomOptions | None = None,
+               cut: Slice | None = None) -> RunOutcome:
     """Run `matrix_path`'s design (`design_spec`, else the matrix's `design:` key, else the full
     product), adaptive (`adaptive`, else the matrix's `adaptive:` key) and within `budget_hours`
-    GPU-hours when given, then, for a covering design, its zoom (`zoom_options`; on by default). A
-    resumed run keeps the design, rule and budget its manifest records, and zooms on from every
-    phase's results."""
+    GPU-hours when given, over the slice `cut` of the matrix when given, then, for a covering design,
+    its zoom (`zoom_options`; on by default). A resumed run keeps the design, rule and budget its
+    manifest records (and must be given the same `cut`), and zooms on from every phase's results."""
     options = zoom_options or ZoomOptions()
     notes: list[str] = []
     if resume:
@@ -332,7 +341,8 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | N
             adaptive = recorded_adaptive(sweeps[0]) or False
             if sweeps[0].budget is not None:
                 budget_hours = sweeps[0].budget.gpu_hours
-        plan = make_plan(matrix_path, runs_dir, design_spec=design_spec, adaptive=adaptive, budget_hours=budget_hours)
+        plan = make_plan(matrix_path, runs_dir, design_spec=design_spec, adaptive=adaptive, budget_hours=budget_hours,
+                         cut=cut)
         if run.manifest_problem():
             # Rebuilt from this matrix, once the results say they were made from it.
             notes.append(plan.rebuild_manifest(run))
@@ -356,7 +366,8 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | N
             run.move_aside(damage)
         run.clean_temp()
     else:
-        plan = make_plan(matrix_path, runs_dir, design_spec=design_spec, adaptive=adaptive, budget_hours=budget_hours)
+        plan = make_plan(matrix_path, runs_dir, design_spec=design_spec, adaptive=adaptive, budget_hours=budget_hours,
+                         cut=cut)
         run = open_run(runs_dir, run_id or new_run_id(plan.matrix.name), create=True)
         run.write_manifest(plan.manifest(run.run_id))
     done = run.done_groups()

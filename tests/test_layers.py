@@ -31,7 +31,7 @@ SIMULATORS = ("vllmsim",)
 # The readers of stored results: they read the store and call the pure core only.
 READING = frozenset({
     "sweeper.report", "sweeper.html_report", "sweeper.bugreport", "sweeper.compare", "sweeper.analysis",
-    "sweeper.catalogue", "sweeper.explain", "sweeper.bisect.report", "sweeper.spend",
+    "sweeper.catalogue", "sweeper.explain", "sweeper.bisect.report", "sweeper.spend", "sweeper.triage_report",
 })
 # The shell that installs, starts processes, talks to servers or drives runs, and the CLI over it.
 EXECUTION = frozenset({
@@ -39,7 +39,7 @@ EXECUTION = frozenset({
     "sweeper.executor", "sweeper.cluster", "sweeper.inprocess", "sweeper.runner", "sweeper.server",
     "sweeper.replay", "sweeper.metrics", "sweeper.environments", "sweeper.fingerprint", "sweeper.gitrepo",
     "sweeper.history", "sweeper.repos", "sweeper.portable", "sweeper.tinymodel", "sweeper.vllm.supported",
-    "sweeper.guard", "sweeper.transport", "sweeper.bisect.evidence", "sweeper.rounds",
+    "sweeper.guard", "sweeper.transport", "sweeper.bisect.evidence", "sweeper.rounds", "sweeper.triage",
 })
 
 
