@@ -304,6 +304,21 @@ def _still_failing(summary: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _search_notes(cell: Mapping[str, Any]) -> list[str]:
+    """What the search could not settle in a cell: a drift instead of a change, a limit reached, a
+    mode still undecided (with what deciding would cost). Said the same in both views."""
+    out = [f"the rate of {m['mode']} drifts between {d['first'][:12]} and {d['last'][:12]} "
+           f"({100 * d['rate_from']:.1f}% to {100 * d['rate_to']:.1f}%), not a change at one commit"
+           for m in cell["modes"] for d in m.get("drifts", [])]
+    if not cell["done"]:
+        out.append(f"stopped at a limit with {cell['open']} open question(s): raise --max-samples")
+    undecided = [m["mode"] for m in cell["modes"] if not m.get("decided", True)]
+    if undecided and cell.get("to_decide_gpu_seconds"):
+        out.append(f"undecided for {', '.join(undecided)}: about {cell['to_decide_gpu_seconds'] / 3600:.1f} "
+                   "GPU-hours more would decide")
+    return out
+
+
 def _cell_notes(cell: Mapping[str, Any], summary: Mapping[str, Any]) -> list[str]:
     """What the grouped view does not say about a cell: an endpoint that passes or could not be
     tested, no change located, a search stopped at a limit."""
@@ -321,16 +336,7 @@ def _cell_notes(cell: Mapping[str, Any], summary: Mapping[str, Any]) -> list[str
     unsettled = [ch for ch in cell["changes"] if not ch["found"]]
     for ch in unsettled:
         out.extend(line.strip() for line in _change(ch).splitlines()[:2])
-    for m in cell["modes"]:
-        for d in m.get("drifts", []):
-            out.append(f"the rate of {m['mode']} drifts between {d['first'][:12]} and {d['last'][:12]} "
-                       f"({100 * d['rate_from']:.1f}% to {100 * d['rate_to']:.1f}%), not a change at one commit")
-    if not cell["done"]:
-        out.append(f"stopped at a limit with {cell['open']} open question(s): raise --max-samples")
-    undecided = [m["mode"] for m in cell["modes"] if not m.get("decided", True)]
-    if undecided and cell.get("to_decide_gpu_seconds"):
-        out.append(f"undecided for {', '.join(undecided)}: about {cell['to_decide_gpu_seconds'] / 3600:.1f} "
-                   "GPU-hours more would decide")
+    out.extend(_search_notes(cell))
     if cell["skipped"]:
         out.append(f"{len(cell['skipped'])} untestable commit(s): "
                    + "; ".join(f"{sha[:10]} ({why})" for sha, why in cell["skipped"][:3]))
@@ -442,16 +448,7 @@ def _render_one(summary: dict[str, Any]) -> str:
             for sw in entry.get("swaps") or []:
                 out.append(f"  {_commit(entry['commit'])} is a swap, not a fix: it ends {sw['fixed']} "
                            f"but brings {sw['brought']}; the cell still fails")
-        for m in cell["modes"]:
-            for d in m.get("drifts", []):
-                out.append(f"  the rate of {m['mode']} drifts between {d['first'][:12]} and {d['last'][:12]} "
-                           f"({100 * d['rate_from']:.1f}% to {100 * d['rate_to']:.1f}%), not a change at one commit")
-        if not cell["done"]:
-            out.append(f"  stopped at a limit with {cell['open']} open question(s): raise --max-samples")
-        undecided = [m["mode"] for m in cell["modes"] if not m.get("decided", True)]
-        if undecided and cell.get("to_decide_gpu_seconds"):
-            out.append(f"  undecided for {', '.join(undecided)}: about {cell['to_decide_gpu_seconds'] / 3600:.1f} "
-                       "GPU-hours more would decide")
+        out.extend(f"  {line}" for line in _search_notes(cell))
         out.append(f"  {cell['probes']} probes, {cell['samples']} samples"
                    + (f", {len(cell['skipped'])} untestable commit(s)" if cell["skipped"] else ""))
     out += _closing(summary)
