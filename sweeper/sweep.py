@@ -425,8 +425,7 @@ def _zoom(plan: Plan, run: RunDir, ex: Executor, outcome: RunOutcome, options: Z
             if any(m.status is zoom.Status.EXHAUSTED for m in step.modes):
                 why = "no informative servers left"
             break
-        zoom_phases = sum(1 for p in outcome.phases if p.kind == "zoom")
-        if zoom_phases >= options.max_phases:
+        if depth >= options.max_phases:
             why = f"the zoom's {options.max_phases} phases are spent"
             break
         chosen = options.afford(step.groups) if options.afford else step.groups
