@@ -57,22 +57,32 @@ def pinned_env_names() -> frozenset[str]:
     return frozenset(ln.split()[0] for ln in text.splitlines() if ln.strip() and not ln.startswith("#"))
 
 
-def installed_env_names(matrix: Matrix, commit: str, sha: str | None, cache_dir: Path | None) -> Names | None:
-    """The VLLM_* names of an environment already installed for this commit, if any: its own list."""
+def installed_metas(matrix: Matrix, cache_dir: Path | None) -> list[tuple[Path, dict[str, object]]]:
+    """The complete environments of the matrix's install kind in its cache: (root, meta), read once."""
     install = matrix.spec.install
-    kind = kind_of(install.kind)
     cache = cache_dir_for(install, Path(matrix.path).parent, cache_dir)
+    out = []
     for meta_path in sorted(cache.glob(f"*/{META}")) if cache.is_dir() else []:
         try:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        if meta.get("kind") != kind.name or not (meta.get("sha") == sha if sha else meta.get("commit") == commit):
+        if isinstance(meta, dict) and meta.get("kind") == kind_of(install.kind).name:
+            out.append((meta_path.parent, meta))
+    return out
+
+
+def installed_env_names(matrix: Matrix, commit: str, sha: str | None,
+                        metas: Iterable[tuple[Path, Mapping[str, object]]]) -> Names | None:
+    """The VLLM_* names of an environment already installed for this commit, if any: its own list."""
+    module = kind_of(matrix.spec.install.kind).env_module
+    for root, meta in metas:
+        if not (meta.get("sha") == sha if sha else meta.get("commit") == commit):
             continue
-        names = _ask(meta_path.parent, meta, kind.env_module)
+        names = _ask(root, meta, module)
         if names is not None:
             version = meta.get("version") or commit
-            return Names(names, f"the {version} environment's {kind.env_module}", authoritative=True)
+            return Names(names, f"the {version} environment's {module}", authoritative=True)
     return None
 
 
@@ -116,7 +126,8 @@ def check(matrix: Matrix, shas: Mapping[str, str | None], *, cache_dir: Path | N
     """Every env name and request field of the matrix's cells that vLLM would ignore (module docstring)."""
     pinned = Names(pinned_env_names(), "the pinned list (sweeper/vllm/env_names.txt)", authoritative=False)
     findings: dict[str, Finding] = {}
-    by_commit = {c: installed_env_names(matrix, c, shas.get(c), cache_dir) or pinned for c in matrix.commits()}
+    metas = installed_metas(matrix, cache_dir)
+    by_commit = {c: installed_env_names(matrix, c, shas.get(c), metas) or pinned for c in matrix.commits()}
     for cell in matrix.cells:
         names = by_commit[cell.commit]
         for name in cell.env:
