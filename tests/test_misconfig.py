@@ -118,3 +118,12 @@ def test_the_dry_run_prints_each_servers_vllm_serve_line(tmp_path: Path, tiny_su
     assert ("$ HF_TOKEN='<redacted>' VLLM_USE_V2_MODEL_RUNNER=0 vllm serve m --host 127.0.0.1 --port 8000 "
             "--max-model-len 4096") in lines
     assert "hf_abcdefghijklmnopqrstuvwx" not in out
+
+
+def test_the_pinned_request_fields_are_the_simulators():
+    """The product's pinned chat-request schema and the simulator's stand for the same vLLM
+    `ChatCompletionRequest`; the two packages may not import each other, so this keeps them equal."""
+    from sweeper.vllm.request_fields import CHAT_FIELDS as PINNED
+    from vllmsim.request import CHAT_FIELDS as SIMULATED
+
+    assert PINNED == SIMULATED, sorted(PINNED ^ SIMULATED)
