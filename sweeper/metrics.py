@@ -16,6 +16,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from sweeper.errors import MetricsError
+from sweeper.transport import tls
 
 # (metric name, sorted label pairs) -> value
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -31,7 +32,7 @@ def scrape(base_url: str, api_key: str | None = None, *, timeout: float = 10.0) 
     """The server's /metrics text; MetricsError, saying why, when it cannot be read."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        resp = httpx.get(base_url.rstrip("/") + "/metrics", headers=headers, timeout=timeout)
+        resp = httpx.get(base_url.rstrip("/") + "/metrics", headers=headers, timeout=timeout, verify=tls())
     except httpx.HTTPError as exc:
         raise MetricsError(f"GET /metrics failed: {type(exc).__name__}: {exc}".strip()) from None
     if resp.status_code != 200:

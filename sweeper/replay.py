@@ -160,7 +160,8 @@ async def replay(base_url: str, api_key: str, requests: Sequence[Request], *, co
     aborted: Abort | None = None
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     auth = {"Authorization": f"Bearer {api_key}"}
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits, headers=auth) as client:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits, headers=auth,
+                                 verify=transport.tls()) as client:
 
         async def worker() -> None:
             nonlocal consecutive_timeouts, cut, aborted

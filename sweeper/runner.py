@@ -38,6 +38,7 @@ from sweeper.stats import wilson
 from sweeper.status import Status as Status  # noqa: PLC0414  (re-exported: `runner.Status` is the cell status)
 from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, table
 from sweeper.suite import Suite, expand
+from sweeper.transport import tls
 from sweeper.vllm import crash
 from sweeper.vllm.logs import LogIndex
 from sweeper.vllm.supported import supported_flags
@@ -112,7 +113,8 @@ def _ends_in_server_errors(replies: Sequence[Reply]) -> bool:
 
 def _healthy(server: ServerProcess) -> bool:
     try:
-        return httpx.get(f"{server.base_url}/health", timeout=HEALTH_CHECK_S).status_code == 200
+        return httpx.get(f"{server.base_url}/health", timeout=HEALTH_CHECK_S,
+                         verify=tls()).status_code == 200
     except httpx.HTTPError:
         return False
 

@@ -30,6 +30,7 @@ import httpx
 
 from sweeper import guard
 from sweeper.errors import ServerError
+from sweeper.transport import tls
 
 LOG_TAIL_LINES = 40
 # The guard (`sweeper/guard.py`) runs by its path, `python -I -S guard.py <owner pid> <grace s> argv...`:
@@ -118,7 +119,7 @@ class ServerProcess:
     def wait_ready(self) -> float:
         assert self.proc is not None
         deadline = self._t0 + self.startup_timeout_s
-        with httpx.Client(timeout=2.0) as client:
+        with httpx.Client(timeout=2.0, verify=tls()) as client:
             while True:
                 code = self.proc.poll()
                 if code is not None:

@@ -10,8 +10,10 @@ first bytes, the phase a timeout hit. A failure is data: `exchange` never raises
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
+import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +21,14 @@ from typing import Any
 import httpx
 
 from sweeper.status import Transport
+
+
+@functools.cache
+def tls() -> ssl.SSLContext:
+    """The one client TLS context of this process, for every httpx client the sweeper opens. httpx
+    builds a context per client, loading the CA bundle each time: with a client per health poll, per
+    scrape and per replay that was a twentieth of a sweep's CPU, though every URL here is plain http."""
+    return httpx.create_ssl_context()
 
 HEAD_BYTES = 80  # the first bytes of an unexpected body shown in a verdict's detail
 _AROUND = 24  # bytes shown either side of a byte that is not UTF-8
