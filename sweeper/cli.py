@@ -101,6 +101,10 @@ def matrix_cmd(
     budget: Annotated[float | None, typer.Option("--budget", metavar="GPU_HOURS",
                                                  help="Run only the servers that fit into this many GPU-hours by "
                                                       "the cost model; the rest is reported untested.")] = None,
+    check_wheels: Annotated[bool, typer.Option("--check-wheels", help="Ask the wheel index whether each commit's "
+                                                                      "wheel exists for the matrix's install.variant "
+                                                                      "(install kind wheels) before anything runs; "
+                                                                      "exit 1 if one is missing.")] = False,
 ) -> None:
     """Expand a matrix, run every cell against a real server, store one Parquet row per request.
 
@@ -117,10 +121,14 @@ def matrix_cmd(
     if design is not None and design_spec is None:
         raise ConfigError(f"{DESIGN_EXPECTED}, got {design!r}", key="--design")
     wants_adaptive = True if adaptive else None  # without the flag: the matrix's adaptive key
-    plan = sweep.make_plan(file, runs_dir, resolve=False, design_spec=design_spec, adaptive=wants_adaptive,
-                           budget_hours=budget) if dry_run or not resume else None
+    # A dry run leaves a remote repository's refs unresolved, unless the wheels are to be asked for.
+    plan = sweep.make_plan(file, runs_dir, resolve=check_wheels, design_spec=design_spec, adaptive=wants_adaptive,
+                           budget_hours=budget) if dry_run or not resume or check_wheels else None
     if plan is not None:
         check_misconfiguration(plan, cache_dir=cache_dir, strict=strict)
+    if check_wheels:
+        assert plan is not None
+        print_wheel_checks(plan)
     if dry_run:
         assert plan is not None
         out.print(f"[bold]{plan.matrix.name}[/bold]: {len(plan.cells)} cells on {len(plan.groups)} servers, "
@@ -179,6 +187,18 @@ def matrix_cmd(
     out.print(f"results: {outcome.run.uri}")
 
 
+def print_wheel_checks(plan: Plan) -> None:
+    """One line per commit of the plan: its wheel found or missing on the index; then, if one is
+    missing, the error (exit 1) before anything is installed or started."""
+    from sweeper.install import availability
+
+    refs = plan.commit_order or plan.matrix.commits()
+    checks = availability.check_commits(plan.matrix.spec.install, plan.shas, refs)
+    for check in checks:
+        out.print(check.line(), markup=False, highlight=False, soft_wrap=True)
+    availability.require_all(checks)
+
+
 def check_misconfiguration(plan: Plan, *, cache_dir: Path | None, strict: bool) -> None:
     """Env names and request fields vLLM would ignore: warnings on stderr, then every error on a line
     of its own and exit 1 (`sweeper.misconfig` says which is which)."""
@@ -206,7 +226,7 @@ def report_cmd(
     mode: Annotated[str | None, typer.Option("--mode", help="With --issue: the failure mode (its number in --explain, or part of its name).")] = None,
     against: Annotated[str | None, typer.Option("--against", help="Compare with this run: failure-rate change per cell with its interval.")] = None,
     all_cells: Annotated[bool, typer.Option("--all", help="Show every cell in the table (default: the 200 that fail most, when there are more).")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text: the run's cells, or with --explain the explanation (schemas: runs/README.md).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text: the run's cells (a bisect run: its verdict, as `sweep bisect --json` printed it), or with --explain the explanation (schemas: runs/README.md).")] = False,
 ) -> None:
     """Failure rates per cell with 95% intervals (a bisect run: its verdict); or, instead, a heatmap,
     the explanation, an HTML report, a vLLM bug report, a comparison with another run, or JSON.
@@ -249,7 +269,7 @@ def report_cmd(
         sys.stdout.write(json.dumps(to_json(report.explain_run(run)), indent=2) + "\n")
         return
     own = explain or heatmap or html or against or as_json  # each prints its own output, not the table
-    if isinstance(manifest, BisectManifest) and not own:
+    if isinstance(manifest, BisectManifest) and not (explain or heatmap or html or against):
         from sweeper.bisect.report import render
 
         # The verdict as the bisect left it: nothing is started, nothing probed again.
@@ -258,7 +278,11 @@ def report_cmd(
             raise SweepError(f"bisect run {run.run_id} has no verdict yet (no readable bisect.json); "
                              f"`sweep bisect --good {manifest.good} --bad {manifest.bad} --resume {run.run_id}` "
                              "continues it")
-        out.print(render(summary), markup=False, highlight=False)
+        if as_json:
+            # bisect.json as stored: the same object `sweep bisect --json` printed.
+            sys.stdout.write(json.dumps(summary, indent=2, allow_nan=False) + "\n")
+        else:
+            out.print(render(summary), markup=False, highlight=False)
         if not summary.get("final"):
             note(f"bisect run {run.run_id} is unfinished: this is its state after round {summary.get('rounds')}")
         return
