@@ -112,3 +112,13 @@ def test_a_bad_axis_or_value_is_one_line_naming_what_exists(
                              capsys)
     assert (code, err) == (0, "")
     assert out.splitlines()[0] == "re-run in r: 4 cells on 2 servers (--where spec_method=mtp)"
+    # A group without results (its cells file lost) runs whole: its other cell was never stored either.
+    run = RunDir(tmp_path / "runs" / "r")
+    gid = next(p.stem for p in (run.root / "cells").glob("v0.27.0-mtp2-*.parquet"))
+    (run.root / "cells" / f"{gid}.parquet").unlink()
+    code, out, err = run_cli(_args(tmp_path, matrix, "--where", "request.temperature=0", "--dry-run", "--resume", "r"),
+                             capsys)
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0] == "re-run in r: 5 cells on 4 servers (--where request.temperature=0)"
+    assert f"server {gid} (no results yet: the whole group):" in lines
