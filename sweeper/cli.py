@@ -101,6 +101,14 @@ def matrix_cmd(
     budget: Annotated[float | None, typer.Option("--budget", metavar="GPU_HOURS",
                                                  help="Run only the servers that fit into this many GPU-hours by "
                                                       "the cost model; the rest is reported untested.")] = None,
+    check_wheels: Annotated[bool, typer.Option("--check-wheels", help="Ask the wheel index whether each commit's "
+                                                                      "wheel exists for the matrix's install.variant "
+                                                                      "(install kind wheels) before anything runs; "
+                                                                      "exit 1 if one is missing.")] = False,
+    where: Annotated[list[str] | None, typer.Option("--where", metavar="AXIS=VALUE",
+                                                    help="With --resume RUN: run the cells every AXIS=VALUE picks "
+                                                         "again (repeatable), their stored results replaced, the "
+                                                         "rest of the run kept.")] = None,
 ) -> None:
     """Expand a matrix, run every cell against a real server, store one Parquet row per request.
 
@@ -116,11 +124,20 @@ def matrix_cmd(
     design_spec = design_from_text(design) if design is not None else None
     if design is not None and design_spec is None:
         raise ConfigError(f"{DESIGN_EXPECTED}, got {design!r}", key="--design")
+    check_where(where, resume, others=bool(design or adaptive or budget is not None))
+    if where and dry_run:
+        assert resume is not None
+        rerun_preview(file, runs_dir, resume, where)
+        return
     wants_adaptive = True if adaptive else None  # without the flag: the matrix's adaptive key
-    plan = sweep.make_plan(file, runs_dir, resolve=False, design_spec=design_spec, adaptive=wants_adaptive,
-                           budget_hours=budget) if dry_run or not resume else None
+    # A dry run leaves a remote repository's refs unresolved, unless the wheels are to be asked for.
+    plan = sweep.make_plan(file, runs_dir, resolve=check_wheels, design_spec=design_spec, adaptive=wants_adaptive,
+                           budget_hours=budget) if dry_run or not resume or check_wheels else None
     if plan is not None:
         check_misconfiguration(plan, cache_dir=cache_dir, strict=strict)
+    if check_wheels:
+        assert plan is not None
+        print_wheel_checks(plan)
     if dry_run:
         assert plan is not None
         out.print(f"[bold]{plan.matrix.name}[/bold]: {len(plan.cells)} cells on {len(plan.groups)} servers, "
@@ -152,13 +169,23 @@ def matrix_cmd(
         progress.update(task, total=total + len(phase.groups), description=f"zoom phase {phase.phase}: servers")
 
     try:
-        outcome = sweep.run_matrix(file, runs_dir=runs_dir, run_id=run_id, resume=resume,
-                                   executor=choose(executor, address=address, gpus=gpus), cache_dir=cache_dir,
-                                   on_group=on_group, on_plan=on_plan, design_spec=design_spec,
-                                   adaptive=wants_adaptive, budget_hours=budget,
-                                   zoom_options=sweep.ZoomOptions(enabled=not no_zoom, on_phase=on_phase))
+        if where:
+            from sweeper import rerun
+
+            assert resume is not None
+            outcome = rerun.rerun(file, runs_dir=runs_dir, run_id=resume, where=where,
+                                  executor=choose(executor, address=address, gpus=gpus), cache_dir=cache_dir,
+                                  on_group=on_group, on_plan=on_plan)
+        else:
+            outcome = sweep.run_matrix(file, runs_dir=runs_dir, run_id=run_id, resume=resume,
+                                       executor=choose(executor, address=address, gpus=gpus), cache_dir=cache_dir,
+                                       on_group=on_group, on_plan=on_plan, design_spec=design_spec,
+                                       adaptive=wants_adaptive, budget_hours=budget,
+                                       zoom_options=sweep.ZoomOptions(enabled=not no_zoom, on_phase=on_phase))
     except Interrupted as exc:
-        raise exc.with_resume(resume_command("matrix", str(file), runs_dir=runs_dir, run_id=exc.run_id)) from None
+        again = [arg for w in where or () for arg in ("--where", w)]
+        raise exc.with_resume(resume_command("matrix", str(file), *again, runs_dir=runs_dir,
+                                             run_id=exc.run_id)) from None
     finally:
         if progress.live.is_started:  # stopping a bar never started prints a blank line
             progress.stop()
@@ -169,6 +196,10 @@ def matrix_cmd(
                                  width=out.width))
     for line in spend.run_notes(outcome.run):
         out.print(line, markup=False, highlight=False)
+    if where:
+        n = len(outcome.ran)
+        out.print(f"re-ran the cells of --where {' '.join(where)} on {n} server{'' if n == 1 else 's'}; "
+                  f"the rest of run {outcome.run.run_id} is as it was", markup=False, highlight=False)
     if outcome.skipped:
         out.print(f"{len(outcome.skipped)} server groups already had results and were not run again.")
     if len(outcome.phases) > 1 or outcome.zoom_summary:
@@ -177,6 +208,44 @@ def matrix_cmd(
     if outcome.zoom_summary:
         out.print(f"zoom {outcome.zoom_summary}", markup=False, highlight=False)
     out.print(f"results: {outcome.run.uri}")
+
+
+def check_where(where: list[str] | None, resume: str | None, *, others: bool) -> None:
+    """`--where` re-runs cells of a stored run: it needs `--resume`, and keeps the run's design."""
+    from sweeper.errors import ConfigError
+
+    if where and not resume:
+        raise ConfigError("re-runs cells of a stored run: add --resume RUN_ID", key="--where")
+    if where and others:
+        raise ConfigError("a re-run keeps the run's design, rule and budget: leave out --design, --adaptive "
+                          "and --budget", key="--where")
+
+
+def rerun_preview(file: Path, runs_dir: str, run_id: str, where: list[str]) -> None:
+    """The servers and cells `--where` would run again in `run_id`; nothing is run."""
+    from sweeper import rerun
+
+    _, _, todo = rerun.plan_rerun(file, runs_dir, run_id, where)
+    cells = sum(len(t.group.cells) for t in todo)
+    out.print(f"re-run in {run_id}: {cells} cells on {len(todo)} servers (--where {' '.join(where)})",
+              markup=False, highlight=False)
+    for t in todo:
+        how = "replacing its stored results" if t.stored_id else "no results yet: the whole group"
+        out.print(f"server {t.name} ({how}):", markup=False, highlight=False)
+        for cell in t.group.cells:
+            out.print(f"    {cell.cell_id}", markup=False, highlight=False)
+
+
+def print_wheel_checks(plan: Plan) -> None:
+    """One line per commit of the plan: its wheel found or missing on the index; then, if one is
+    missing, the error (exit 1) before anything is installed or started."""
+    from sweeper.install import availability
+
+    refs = plan.commit_order or plan.matrix.commits()
+    checks = availability.check_commits(plan.matrix.spec.install, plan.shas, refs)
+    for check in checks:
+        out.print(check.line(), markup=False, highlight=False, soft_wrap=True)
+    availability.require_all(checks)
 
 
 def check_misconfiguration(plan: Plan, *, cache_dir: Path | None, strict: bool) -> None:
@@ -206,7 +275,7 @@ def report_cmd(
     mode: Annotated[str | None, typer.Option("--mode", help="With --issue: the failure mode (its number in --explain, or part of its name).")] = None,
     against: Annotated[str | None, typer.Option("--against", help="Compare with this run: failure-rate change per cell with its interval.")] = None,
     all_cells: Annotated[bool, typer.Option("--all", help="Show every cell in the table (default: the 200 that fail most, when there are more).")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text: the run's cells, or with --explain the explanation (schemas: runs/README.md).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text: the run's cells (a bisect run: its verdict, as `sweep bisect --json` printed it), or with --explain the explanation (schemas: runs/README.md).")] = False,
 ) -> None:
     """Failure rates per cell with 95% intervals (a bisect run: its verdict); or, instead, a heatmap,
     the explanation, an HTML report, a vLLM bug report, a comparison with another run, or JSON.
@@ -249,7 +318,7 @@ def report_cmd(
         sys.stdout.write(json.dumps(to_json(report.explain_run(run)), indent=2) + "\n")
         return
     own = explain or heatmap or html or against or as_json  # each prints its own output, not the table
-    if isinstance(manifest, BisectManifest) and not own:
+    if isinstance(manifest, BisectManifest) and not (explain or heatmap or html or against):
         from sweeper.bisect.report import render
 
         # The verdict as the bisect left it: nothing is started, nothing probed again.
@@ -258,7 +327,11 @@ def report_cmd(
             raise SweepError(f"bisect run {run.run_id} has no verdict yet (no readable bisect.json); "
                              f"`sweep bisect --good {manifest.good} --bad {manifest.bad} --resume {run.run_id}` "
                              "continues it")
-        out.print(render(summary), markup=False, highlight=False)
+        if as_json:
+            # bisect.json as stored: the same object `sweep bisect --json` printed.
+            sys.stdout.write(json.dumps(summary, indent=2, allow_nan=False) + "\n")
+        else:
+            out.print(render(summary), markup=False, highlight=False)
         if not summary.get("final"):
             note(f"bisect run {run.run_id} is unfinished: this is its state after round {summary.get('rounds')}")
         return

@@ -112,7 +112,7 @@ class PhaseRecord:
     """One batch of servers a sweep started: its design (phase 1) or a zoom (`sweeper.zoom`)."""
 
     phase: int
-    kind: str  # "design" or "zoom"
+    kind: str  # "design", "zoom" or "rerun" (cells `sweep matrix --where` ran again, `sweeper.rerun`)
     groups: tuple[str, ...]  # the server groups it ran, by group id
     cells: int
     reason: str  # what it was for: the design's name, or the candidates it tells apart

@@ -346,19 +346,7 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | N
         if run.manifest_problem():
             # Rebuilt from this matrix, once the results say they were made from it.
             notes.append(plan.rebuild_manifest(run))
-        old = run.read_manifest()
-        if not isinstance(old, SweepManifest) or old.matrix_digest != short_hash(plan.matrix.raw, 16) \
-                or old.suite_digest != plan.suite.digest:
-            raise StoreError(f"run {resume} was made from another matrix or suite; start a new run instead")
-        if old.commits != plan.shas:
-            raise StoreError(f"run {resume}: a commit ref now resolves elsewhere ({canonical(old.commits)}); "
-                             "start a new run instead")
-        if old.design is not None and old.design.digest != plan.design.digest:
-            raise StoreError(f"run {resume}: its design now chooses other cells than it ran; start a new run "
-                             "instead")
-        if old.budget is not None and plan.budget is not None \
-                and set(old.budget.left_groups) != {g.group_id for g in plan.budget.left}:
-            raise StoreError(f"run {resume}: its budget now fits other servers than it ran; start a new run instead")
+        check_same_run(resume, run.read_manifest(), plan)
         # A damaged group is not done: its files go aside (kept) and the group runs again.
         damage = run.scan(probes=False, manifest=False).damage
         if damage:
@@ -391,6 +379,36 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | N
     except KeyboardInterrupt:
         raise Interrupted(run.uri, run.run_id) from None
     return outcome
+
+
+def check_same_run(run_id: str, old: object, plan: Plan) -> None:
+    """StoreError unless the run `run_id` (its manifest `old`) was made from `plan`'s matrix and suite,
+    with the same commits, design and budget: what a resumed run (or a re-run of some cells) needs."""
+    if not isinstance(old, SweepManifest) or old.matrix_digest != short_hash(plan.matrix.raw, 16) \
+            or old.suite_digest != plan.suite.digest:
+        raise StoreError(f"run {run_id} was made from another matrix or suite; start a new run instead")
+    if old.commits != plan.shas:
+        raise StoreError(f"run {run_id}: a commit ref now resolves elsewhere ({canonical(old.commits)}); "
+                         "start a new run instead")
+    if old.design is not None and old.design.digest != plan.design.digest:
+        raise StoreError(f"run {run_id}: its design now chooses other cells than it ran; start a new run "
+                         "instead")
+    if old.budget is not None and plan.budget is not None \
+            and set(old.budget.left_groups) != {g.group_id for g in plan.budget.left}:
+        raise StoreError(f"run {run_id}: its budget now fits other servers than it ran; start a new run instead")
+
+
+def resumed_plan(matrix_path: str | Path, runs_dir: str | Path, run: RunDir) -> Plan:
+    """The plan of a stored sweep run, made again from its matrix file with the design, rule and
+    budget its manifest records, and checked to be the run's (`check_same_run`)."""
+    old = run.read_manifest()
+    if not isinstance(old, SweepManifest):
+        raise StoreError(f"run {run.run_id} is a {old.kind} run, not a sweep of a matrix")
+    budget_hours = old.budget.gpu_hours if old.budget is not None else None
+    plan = make_plan(matrix_path, runs_dir, design_spec=recorded_design(old),
+                     adaptive=recorded_adaptive(old) or False, budget_hours=budget_hours)
+    check_same_run(run.run_id, old, plan)
+    return plan
 
 
 def _run_jobs(ex: Executor, run: RunDir, jobs: Sequence[GroupJob], outcome: RunOutcome,

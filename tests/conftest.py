@@ -19,6 +19,10 @@ import yaml
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 os.environ.pop("RAY_ADDRESS", None)
+# Output widths are the tests' own choice (a test that needs one sets COLUMNS): not the invoking
+# terminal's, nor the COLUMNS=80 that pytest-xdist's workers are given.
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
 
 # Every environment the tests build goes to one temp folder of this session, never the user's cache:
 # set before any Ray worker or subprocess starts, so they all inherit it.

@@ -220,3 +220,39 @@ axes:
     assert change["mode"] == "crash: TypeError in vllm/v1/sample/rejection_sampler.py:rejection_sample"
     probes = analysis.load_table(outcome.run, "probes").to_pylist()
     assert {p["status"] for p in probes if p["position"] >= 5} == {"crashed"}
+
+
+@pytest.mark.timeout(600)
+def test_a_start_lost_with_its_driver_is_not_counted_on_resume(tmp_path: Path, tiny_suite: Path) -> None:
+    """A driver killed while two starts ran can leave the later one stored and the earlier one not:
+    the resumed bisect counts the starts on disk, not the highest probe number."""
+    from conftest import make_sim_repo
+
+    crash = {"id": "engine-dead", "effect": "crash", "when": {"spec_method": ["mtp"]}, "after_requests": 2,
+             "message": "TypeError: Cannot inspect kernel parameters for function"}
+    make_sim_repo(tmp_path / "vllm", [("v0.27.0" if i == 0 else f"c{i}", {"bugs": [crash] if i >= 2 else []})
+                                      for i in range(4)])
+    (tmp_path / "m.yaml").write_text(f"""
+name: lost
+model: Qwen/Qwen3-8B
+suite: {tiny_suite}
+install: {{kind: sim, repo: {tmp_path / "vllm"}}}
+timeouts: {{startup_s: 30, request_s: 10}}
+axes:
+  commit: [v0.27.0, c3]
+  spec_method: [mtp]
+  num_speculative_tokens: [2]
+""")
+    scope = BisectScope(good="v0.27", bad="c3", matrix_path=tmp_path / "m.yaml", where=CELL)
+    runs = tmp_path / "runs"
+    run_bisect(scope, BisectOptions(parallel=2, runs_dir=runs, run_id="r", cache_dir=tmp_path / "cache"),
+               executor=choose("local"))
+    run = RunDir(runs / "r")
+    first = min(p.stem for p in (run.root / "probes").glob("*.parquet"))
+    # The first probe's every trace gone, as if its server were still starting when the driver died.
+    for f in run.root.rglob(f"{first}*"):
+        f.unlink()
+    outcome = run_bisect(scope, BisectOptions(parallel=2, runs_dir=runs, resume="r", cache_dir=tmp_path / "cache"),
+                         executor=choose("local"))
+    on_disk = analysis.load_table(run, "cells").to_pandas().group_id.nunique()
+    assert outcome.summary["server_starts"] == on_disk

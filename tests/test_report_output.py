@@ -337,3 +337,36 @@ axes:
                          executor=choose("local"), on_event=events.append)
     assert "1 server start per round" in events
     assert outcome.summary["server_starts"] >= 1
+
+
+def test_report_json_on_a_bisect_run_is_the_verdict_bisect_json_printed(
+        tmp_path: Path, tiny_suite: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`sweep report BISECT_RUN --json`: the object `sweep bisect --json` printed, read back without
+    starting anything (no executor is named: none is needed)."""
+    from conftest import make_sim_repo
+
+    crash = {"id": "engine-dead", "effect": "crash", "when": {"spec_method": ["mtp"]}, "after_requests": 1,
+             "message": "TypeError: Cannot inspect kernel parameters for function"}
+    make_sim_repo(tmp_path / "vllm", [("v0.27.0", {}), ("c1", {"bugs": [crash]})])
+    (tmp_path / "m.yaml").write_text(f"""
+name: one
+model: Qwen/Qwen3-8B
+suite: {tiny_suite}
+install: {{kind: sim, repo: {tmp_path / "vllm"}}}
+timeouts: {{startup_s: 30, request_s: 10}}
+axes:
+  commit: [v0.27.0, c1]
+  spec_method: [mtp]
+  num_speculative_tokens: [2]
+""")
+    runs = str(tmp_path / "runs")
+    code, printed, err = run_cli(["bisect", "--good", "v0.27", "--bad", "c1", "--matrix", str(tmp_path / "m.yaml"),
+                                  "--where", "spec_method=mtp", "--parallel", "1", "--executor", "local", "--json",
+                                  "--runs-dir", runs, "--run-id", "bis", "--cache-dir", str(tmp_path / "cache")],
+                                 capsys)
+    assert code == 0, err
+    verdict = json.loads(printed)
+    assert verdict["schema"] == "sweep-bisect/2" and verdict["final"] is True
+    code, out, err = run_cli(["report", "bis", "--json", "--runs-dir", runs], capsys)
+    assert (code, err) == (0, "")
+    assert json.loads(out) == verdict

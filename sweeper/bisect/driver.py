@@ -159,6 +159,9 @@ class Bisector:
         named = set(probes.column("group_id").to_pylist()) if probes.num_rows else set()
         named |= run.done_groups()
         self.probe_no = max((int(m.group(1)) for g in named if (m := PROBE_NAME.match(g))), default=0)
+        # Starts are the probes on disk, counted apart from the numbering: a start killed with its
+        # driver before anything was stored leaves its number unused, and is no evidence.
+        self.starts = sum(1 for g in named if PROBE_NAME.match(g))
         self.round = int(pc.max(probes["round"]).as_py() or 0) if probes.num_rows else 0
         self.gpu_seconds = float(pc.sum(probes["gpu_seconds"]).as_py() or 0.0) if probes.num_rows else 0.0
 
@@ -252,6 +255,7 @@ class Bisector:
         if result.log:
             self.run.write_log(name, result.log_text())
         self.run.write_group(name, samples_t, cells_t)
+        self.starts += 1
         starts = {st.settings_key: st for st in server_starts(cells_t.select(CELL_COLUMNS).to_pylist(),
                                                               samples_t.select(SAMPLE_COLUMNS).to_pylist(), self.labels)}
         found: list[tuple[Target, pa.Table, ProbeStatus, Sets]] = []
@@ -287,7 +291,7 @@ class Bisector:
             if self.round > first:
                 self.save_state(reports, final=False)
                 self.say(round_line(self.round, [self.commits.index(sha) for sha, _ in plan], len(self.commits) - 1,
-                                    starts=self.probe_no, reused_starts=reused, gpu_seconds=self.gpu_seconds,
+                                    starts=self.starts, reused_starts=reused, gpu_seconds=self.gpu_seconds,
                                     found=beliefs(reports, self.commits)))
             plan = self.plan_round(searches, slots)
             if not plan:
@@ -298,7 +302,7 @@ class Bisector:
         cells = [ReportCell(t.settings, t.label, t.settings_key) for t in self.targets]
         summary = describe(reports, cells, self.commits,
                            {sha: self.span.history.info(sha) for sha in named_commits(reports)})
-        summary.update({"run_id": self.run.run_id, "final": final, "rounds": self.round, "server_starts": self.probe_no,
+        summary.update({"run_id": self.run.run_id, "final": final, "rounds": self.round, "server_starts": self.starts,
                         "reused_samples": self.reused_samples(), "reused_starts": self.reused_starts(),
                         "issue_run": self.from_run or self.run.run_id, "gpu_seconds": self.gpu_seconds,
                         "sweeper": __version__, "updated": now_utc().isoformat()})

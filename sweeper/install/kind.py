@@ -33,6 +33,15 @@ class Recipe:
     packages: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class Availability:
+    """Whether a commit's vLLM can be had before any install starts: where that was asked, and why
+    not (None: it is there)."""
+
+    where: str
+    problem: str | None = None
+
+
 class InstallKind:
     """One way of getting vLLM (or a stand-in) at a commit."""
 
@@ -71,6 +80,11 @@ class InstallKind:
 
     def release_package(self, install: Install) -> str | None:
         """The package whose published versions are the commit axis (a release history), if any."""
+        return None
+
+    def availability(self, install: Install, sha: str | None) -> Availability | None:
+        """Asks where the kind gets vLLM from whether the commit (resolved to `sha`, None when not)
+        is there; None: the kind has no such place to ask (`sweep matrix --check-wheels`)."""
         return None
 
     # --- the environment ------------------------------------------------------------------------

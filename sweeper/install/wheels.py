@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING, Any
 from sweeper import gitrepo
 from sweeper.errors import ConfigError, InstallError
 from sweeper.install import steps
-from sweeper.install.kind import InstallKind, Recipe, digest, settings_of
+from sweeper.install.kind import Availability, InstallKind, Recipe, digest, settings_of
 
 if TYPE_CHECKING:
     from sweeper.matrix import Install
+
+INDEX_TIMEOUT_S = 30  # one question to the index
 
 
 class Wheels(InstallKind):
@@ -35,8 +37,7 @@ class Wheels(InstallKind):
     def build(self, recipe: Recipe, root: Path) -> dict[str, Any]:
         assert recipe.sha is not None
         install = recipe.install
-        index = "/".join(x.strip("/") if i else x.rstrip("/")
-                         for i, x in enumerate([install.index_url, recipe.sha, install.variant or ""]) if x)
+        index = index_for(install, recipe.sha)
         _check_wheel_index(index, recipe.sha)
         venv = root / "venv"
         uv = steps.uv()
@@ -51,21 +52,42 @@ class Wheels(InstallKind):
         return {"launch": steps.default_launch(venv), "env": {}, "python": python, "version": version}
 
 
-def _check_wheel_index(index: str, sha: str) -> None:
-    """Fail before uv runs when the index has no vllm for this commit (uv would silently use PyPI's)."""
-    url = index.rstrip("/") + "/vllm/"
+    def availability(self, install: Install, sha: str | None) -> Availability:
+        if sha is None or not gitrepo.is_full_sha(sha):
+            return Availability("", "not resolved to a full sha (install.repo resolves refs)")
+        url = package_url(index_for(install, sha))
+        return Availability(url, _index_problem(url))
+
+
+def index_for(install: Install, sha: str) -> str:
+    """The commit's index: `<index_url>/<full sha>[/<variant>]`."""
+    return "/".join(x.strip("/") if i else x.rstrip("/")
+                    for i, x in enumerate([install.index_url, sha, install.variant or ""]) if x)
+
+
+def package_url(index: str) -> str:
+    """The index's page of the vllm package: what uv reads, and what says whether the wheel is there."""
+    return index.rstrip("/") + "/vllm/"
+
+
+def _index_problem(url: str) -> str | None:
+    """Why the package page `url` holds no vllm (a folder for a file:// index), or None."""
     if url.startswith("file://"):
         folder = Path(url[len("file://"):])
-        ok = folder.is_dir() and any(folder.iterdir())
-        reason = f"{folder} does not exist"
-    else:
-        import httpx  # only the wheels kind talks HTTP here
+        return None if folder.is_dir() and any(folder.iterdir()) else f"{folder} does not exist"
+    import httpx  # only the wheels kind talks HTTP here
 
-        try:
-            resp = httpx.get(url, follow_redirects=True, timeout=30)
-            ok, reason = resp.status_code == 200, f"HTTP {resp.status_code}"
-        except httpx.HTTPError as exc:
-            ok, reason = False, str(exc)
-    if not ok:
+    try:
+        resp = httpx.get(url, follow_redirects=True, timeout=INDEX_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return None if resp.status_code == 200 else f"HTTP {resp.status_code}"
+
+
+def _check_wheel_index(index: str, sha: str) -> None:
+    """Fail before uv runs when the index has no vllm for this commit (uv would silently use PyPI's)."""
+    url = package_url(index)
+    reason = _index_problem(url)
+    if reason is not None:
         raise InstallError(f"no vLLM wheel for commit {sha[:12]} at {url} ({reason}); "
                            "a fresh commit's wheel can take an hour to appear, or try another variant")
