@@ -35,7 +35,7 @@ from sweeper.explain import (
 )
 from sweeper.records import Manifest
 from sweeper.stats import wilson
-from sweeper.store import RunDir
+from sweeper.store import RunDir, open_run
 
 REDACTED = "<redacted>"
 _SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSW|CREDENTIAL|AUTH|COOKIE|SESSION", re.IGNORECASE)
@@ -199,6 +199,18 @@ def _axes_of(row: Mapping[str, Any]) -> dict[str, Any]:
     return {str(k): json.loads(v) for k, v in pairs}
 
 
+def sample_run(run: RunDir, sample: Mapping[str, Any]) -> RunDir:
+    """The run a sample was stored in: `run`, or a run beside it (a report over samples of several
+    runs, as a triage's, reads each request's log where its server wrote it)."""
+    other = _text(sample.get("run_id"))
+    if not other or other == run.run_id:
+        return run
+    try:
+        return open_run(run.runs_dir, other, create=False)
+    except SweepError:
+        return run
+
+
 def log_lines(run: RunDir, group_id: str, cell_id: str, request_id: str, limit: int = 20) -> list[str]:
     """Lines of the cell's server log that name this request."""
     for name in (group_id, cell_id):
@@ -359,7 +371,8 @@ def _request(ctx: _Context, m: ModeExplanation, example: Mapping[str, Any], axes
         out.append(f"- `{name}`: {r.text(str(detail))}")
     tail = _text(example.get("content_tail"))
     out += ["", "Tail of the content:", "", "```text", r.text(repr(tail) if tail else "(no content)"), "```"]
-    lines = log_lines(ctx.run, str(example.get("group_id")), str(example.get("cell_id")), str(example.get("request_id")))
+    lines = log_lines(sample_run(ctx.run, example), str(example.get("group_id")), str(example.get("cell_id")),
+                      str(example.get("request_id")))
     if lines:
         out += ["", "Server log lines of this request:", "", "```text", *(r.text(x) for x in lines), "```"]
     return out

@@ -78,7 +78,7 @@ class Verdict(enum.StrEnum):
 class Term:
     axis: str
     value: str
-    effective: bool = False  # some cell in scope ran another value than it asked for on this axis
+    effective: bool = False  # some cell in scope asked for this value and ran another, or ran it unasked
     requested: tuple[str, ...] = field(default=(), compare=False)  # what the selected cells asked for
 
     def __str__(self) -> str:
@@ -650,19 +650,24 @@ def _best(conjs: Sequence[_Conj], dims: Mapping[str, Sequence[str | None]], n: n
 
 
 def _terms(conj: Sequence[tuple[str, str]], scope: np.ndarray, table: Units) -> tuple[Term, ...]:
-    """The conjunction's terms, each marked effective when reading it on the requested value instead
-    of the value that ran would select other cells, with the values its cells asked for."""
+    """The conjunction's terms, with the values its cells asked for. A term is marked effective when
+    some cell in scope ran another value than it asked for where the term reads it: the term read on
+    requested values would select other cells. That holds wherever the conjunction itself would
+    select other cells, and also where only its parts would (MTP ∧ V2 on a matrix whose ngram cells
+    fall back to V1: the conjunction's cells are the same either way, but "V2 alone" is not), so the
+    counts a reader sees for the term are those of what ran."""
     out = []
     for dim, value in conj:
-        ran, asked = scope.copy(), scope.copy()
+        ran = scope.copy()
         for d, v in conj:
             ran &= np.array([x == v for x in table.dims[d]], dtype=bool)
-            asked &= np.array([x == v for x in (table.requested if d == dim else table.dims)[d]], dtype=bool)
         requested = tuple(sorted({str(table.requested[dim][i]) for i in np.flatnonzero(ran)}))
         if dim.endswith(EFFECTIVE_SUFFIX):
             out.append(Term(dim, value, True, ()))
             continue
-        out.append(Term(dim, value, not np.array_equal(ran, asked), requested))
+        reads_ran = scope & np.array([x == value for x in table.dims[dim]], dtype=bool)
+        reads_asked = scope & np.array([x == value for x in table.requested[dim]], dtype=bool)
+        out.append(Term(dim, value, not np.array_equal(reads_ran, reads_asked), requested))
     return tuple(out)
 
 

@@ -3,14 +3,17 @@
 The phases, each a run of its own under `<triage run>/phases/` (so `sweep report` reads any of
 them), recorded in `triage.json` (`sweeper.triage_record`) as they finish:
 
-1. `bad`: the matrix at the bad commit, on a covering design (`sweeper.design`);
-2. `good`: the good commit on the cells that failed at bad (a covering design over those);
+1. `bad`: the matrix at the bad commit, on a covering design (`sweeper.design`) and, where it
+   leaves servers out, the zoom's phases (`sweeper.zoom`) until each mode's conjunction is settled;
+2. `good`: the good commit on the cells that failed at bad on the servers step 4 will bisect (a
+   covering design over those, no zoom);
 3. explain: every failure mode of both, so a mode's scope says "fails at bad, not at good";
 4. `bisect`: one `sweeper.bisect.driver` search over the cheapest cell holding each mode's
    conjunction (fewest GPUs, quickest start, a cell already chosen for another mode first): it
    takes the samples of the phases before as stored evidence and shares starts between its cells;
 5. `at-<sha>`: for a mode the bisect found brought and fixed inside the range (so absent at bad),
-   the matrix at the commit that brought it, to explain it;
+   the matrix at the commit that brought it, to explain it: the servers the bisect started there
+   are not started again, their stored samples join the sweep's;
 6. the reports (`sweeper.triage_report`): one Markdown per mode, one HTML page over all.
 
 Resuming runs only what is not done: a finished phase is read back, an interrupted sweep or bisect
@@ -34,12 +37,13 @@ from sweeper.errors import ConfigError, GitError, Interrupted, StoreError, Sweep
 from sweeper.executor import ExecutorFactory
 from sweeper.explain import ModeExplanation
 from sweeper.history import History, history_for
-from sweeper.matrix import Cell, DesignSpec, load_matrix
+from sweeper.levels import axes_map, value_text
+from sweeper.matrix import Cell, DesignSpec, ServerGroup, load_matrix
 from sweeper.matrix_slice import Slice
 from sweeper.report import is_failing
 from sweeper.repos import repo_for
 from sweeper.store import RunDir, new_run_id, now_utc, open_run
-from sweeper.sweep import Plan, ZoomOptions, make_plan, run_matrix
+from sweeper.sweep import Afford, Plan, ZoomOptions, make_plan, run_matrix
 from sweeper.triage_record import RECORD, Phase, TriageRecord, from_json, to_json
 
 DEFAULT_DESIGN = DesignSpec(kind="covering", strength=3)
@@ -188,8 +192,10 @@ class Triage:
 
     # ---- the sweeps -----------------------------------------------------------------------------
 
-    def sweep(self, name: str, cut: Slice, design_spec: DesignSpec) -> RunDir | None:
-        """The sweep phase `name` over `cut` of the matrix: run (or resumed, or read back when done)."""
+    def sweep(self, name: str, cut: Slice, design_spec: DesignSpec, *, zoom: bool = True) -> RunDir | None:
+        """The sweep phase `name` over `cut` of the matrix: run (or resumed, or read back when done).
+        `zoom`: after a covering design that leaves servers out, zoom phases settle each mode's
+        conjunction (`sweeper.zoom`), each within what the budget leaves."""
         phase = self.record.add_phase(Phase(name, "sweep", name))
         if phase.status == "done":
             return open_run(self.phases, phase.run_id, create=False)
@@ -205,12 +211,31 @@ class Triage:
         outcome = run_matrix(self.scope.matrix_path, runs_dir=self.phases, run_id=None if started else phase.run_id,
                              resume=phase.run_id if started else None, executor=self.executor,
                              cache_dir=self.options.cache_dir, design_spec=design_spec, cut=cut,
-                             # The triage's own phases (good side, bisect, at-commit sweeps) tell its
-                             # modes apart; its start figures (BENCHMARKS.md, T1) are without the zoom.
-                             zoom_options=ZoomOptions(enabled=False))
+                             # No adaptive stopping: it saves requests, not server starts, and thins
+                             # what explain and the bisect read. On the demo it cost the thinking-budget
+                             # mode its runner term at bad (the MTP V1 cells stopped clean after a few
+                             # budget samples: "spec_method=mtp" alone was named), with as many starts.
+                             adaptive=False,
+                             zoom_options=ZoomOptions(enabled=zoom, afford=self._afford(plan)))
         phase.status, phase.gpu_s, phase.starts = "done", gpu_seconds_of(outcome.run), starts_of(outcome.run)
         self.save()
         return outcome.run
+
+    def _afford(self, plan: Plan) -> Afford | None:
+        """The zoom's budget hook: the longest prefix of a zoom phase's servers the budget still
+        covers, as the cost model prices them (the phases before it counted as modelled)."""
+        if self.record.budget_h is None:
+            return None
+
+        def afford(groups: tuple[ServerGroup, ...]) -> tuple[ServerGroup, ...]:
+            # What is left once the phase under way is paid as modelled (its design's servers).
+            room = (self.left_s() or 0.0) - sum(p.modelled_gpu_s or 0.0 for p in self.record.phases
+                                                if p.status not in ("done", "skipped"))
+            n = 0
+            while n < len(groups) and plan.estimate(groups[:n + 1]).gpu_seconds <= room:
+                n += 1
+            return groups[:n]
+        return afford
 
     def _exists(self, run_id: str) -> bool:
         try:
@@ -284,34 +309,50 @@ def holds(m: ModeExplanation, axes: Mapping[str, str]) -> bool:
 
 def cheapest_cells(modes: Sequence[ModeExplanation], cells: pd.DataFrame, gpus: float) -> dict[str, str]:
     """Per mode, the cell (its cell_id) to bisect it on: one where the mode failed at bad and its
-    conjunction holds, with the fewest GPUs and the quickest start; a cell chosen for another mode
-    first (the bisect then serves both from one start), then one where more modes fail."""
+    conjunction holds. Each server bisected costs a search of its own, so the servers are chosen as
+    a greedy cover of the modes: the server where most modes not yet covered fail first, then the
+    cheapest start (GPUs times its start time), then its id (never timing noise before a shared
+    start). On the server chosen, a mode takes the cell where most modes fail, one chosen already
+    first (the bisect then serves both from one search)."""
     rows = {str(r["cell_id"]): r for r in cells.to_dict("records")}
     failing_in: dict[str, int] = {}
     for m in modes:
         for cid, _ in m.failing_cells:
             failing_in[cid] = failing_in.get(cid, 0) + 1
-    chosen: dict[str, str] = {}
+    options: dict[str, list[str]] = {}
     for m in modes:
         candidates = [cid for cid, count in m.failing_cells
                       if cid in rows and count.failed and holds(m, _axes_text(rows[cid]))]
         if not candidates:
             candidates = [cid for cid, _ in m.failing_cells if cid in rows]
-        if not candidates:
-            continue
+        if candidates:
+            options[m.mode] = candidates
 
-        def cost(cid: str) -> tuple[float, float, int, int, str]:
-            start = rows[cid].get("startup_s")
-            start_s = float(start) if start is not None and not pd.isna(start) else math.inf
-            return (gpus, start_s, 0 if cid in chosen.values() else 1, -failing_in.get(cid, 0), cid)
+    def server(cid: str) -> str:
+        key = rows[cid].get("server_key")
+        return str(key) if isinstance(key, str) and key else cid
 
-        chosen[m.mode] = min(candidates, key=cost)
-    return chosen
+    def start_cost(cids: Sequence[str]) -> float:
+        starts = [float(v) for v in (rows[c].get("startup_s") for c in cids) if v is not None and not pd.isna(v)]
+        return gpus * min(starts) if starts else math.inf
+
+    chosen: dict[str, str] = {}
+    left = [m for m in options]
+    while left:
+        covers: dict[str, list[str]] = {}
+        for mode in left:
+            for s in dict.fromkeys(server(c) for c in options[mode]):
+                covers.setdefault(s, []).append(mode)
+        on = {s: [c for c in rows if server(c) == s] for s in covers}
+        best = min(covers, key=lambda s: (-len(covers[s]), start_cost(on[s]), s))
+        for mode in covers[best]:
+            here = [c for c in options[mode] if server(c) == best]
+            chosen[mode] = min(here, key=lambda c: (-failing_in.get(c, 0), 0 if c in chosen.values() else 1, c))
+        left = [m for m in left if m not in covers[best]]
+    return {m.mode: chosen[m.mode] for m in modes if m.mode in chosen}
 
 
 def _axes_text(row: Mapping[str, Any]) -> dict[str, str]:
-    from sweeper.levels import value_text
-
     raw = row.get("axes")
     pairs = raw.items() if isinstance(raw, dict) else (raw if raw is not None else [])
     import json
@@ -344,15 +385,26 @@ def _flow(t: Triage) -> TriageOutcome:
     if not failing:
         t.say(f"bad: nothing fails at {t.bad_ref}; nothing to triage")
         return _finish(t, [], None, None)
-    good_run = t.sweep("good", Slice(commit=t.good_ref, settings=frozenset(failing)), t.design)
+    plan = make_plan(t.scope.matrix_path, t.phases, design_spec=t.design, cut=Slice(commit=t.bad_ref))
+    gpus = plan.matrix.spec.gpus_per_cell
+    # The good side runs the failing cells of the servers the bisect will search (chosen on bad's
+    # own modes): the bisect starts each of them at good twice (its endpoint rule) and takes this
+    # start as one. Another failing cell's start at good would only add a count to a mode's "not on
+    # good" line, at a start's price. No zoom there: a zoom would chase what fails at good already.
+    alone = triage_report.explained([bad_run], [t.good_ref, t.bad_ref])[0]
+    servers = {str(r["server_key"]) for r in bad_cells.to_dict("records")
+               if str(r["cell_id"]) in cheapest_cells([m for m in alone.modes if t.bad_ref in m.commits],
+                                                      bad_cells, gpus).values()}
+    good_side = {str(r["settings_key"]) for r in bad_cells.to_dict("records")
+                 if str(r["settings_key"]) in failing and str(r["server_key"]) in servers} or failing
+    good_run = t.sweep("good", Slice(commit=t.good_ref, settings=frozenset(good_side)), t.design, zoom=False)
     runs = [bad_run, *([good_run] if good_run is not None else [])]
     at_ends = triage_report.explained(runs, [t.good_ref, t.bad_ref])
     explanation = at_ends[0]
     at_bad = [m for m in explanation.modes if t.bad_ref in m.commits]
     t.say(f"explain: {len(at_bad)} failure mode(s) at {t.bad_ref}: " + "; ".join(
         f"{m.mode} ({m.conjunction})" for m in at_bad))
-    plan = make_plan(t.scope.matrix_path, t.phases, design_spec=t.design, cut=Slice(commit=t.bad_ref))
-    chosen = cheapest_cells(at_bad, bad_cells, plan.matrix.spec.gpus_per_cell)
+    chosen = cheapest_cells(at_bad, bad_cells, gpus)
     keys = {str(r["cell_id"]): str(r["settings_key"]) for r in bad_cells.to_dict("records")}
     wanted = {keys[c] for c in chosen.values()}
     cells = sorted((c for c in {c.settings_key: c for c in plan.matrix.cells}.values() if c.settings_key in wanted),
@@ -360,17 +412,55 @@ def _flow(t: Triage) -> TriageOutcome:
     for mode, cid in chosen.items():
         t.say(f"bisect: {mode} on cell {cid}")
     summary = t.bisect(cells, plan) if cells else None
-    # Modes the bisect saw come and go inside the range: explained on the matrix at the commit that brought them.
-    extra: dict[str, RunDir] = {}
+    # Modes the bisect saw come and go inside the range: explained on the matrix at the commit that
+    # brought them. The servers the bisect already started there are not started again: their
+    # samples join the sweep's in the explanation (and the report reads their logs where they are).
+    extra: dict[str, triage_report.AtCommit] = {}
+    bisect_run = open_run(t.phases, "bisect", create=False) if summary is not None else None
     for mode, change in triage_report.fixed_in_range(summary, {m.mode for m in at_bad}).items():
         sha = str(change["commit"]["sha"])
-        run = t.sweep(f"at-{sha[:10]}", Slice(commit=ref_name(t.repo, sha, sha)), t.design)
+        ref = ref_name(t.repo, sha, sha)
+        reused = probed_at(bisect_run, sha, ref) if bisect_run is not None else None
+        cut = Slice(commit=ref)
+        if reused is not None:
+            at_plan = make_plan(t.scope.matrix_path, t.phases, design_spec=t.design, cut=cut)
+            started = {server_part(axes_map(a)) for a in reused[1]["axes"]}
+            keep = frozenset(c.settings_key for c in at_plan.matrix.cells if server_part(c.values) not in started)
+            if keep and len(keep) < len(at_plan.matrix.cells):
+                cut = Slice(commit=ref, settings=keep)
+            else:
+                reused = None  # every server started already, or none: the sweep runs them all
+        # The bisect showed the mode there on its cell: a design of strength 1 over the other servers
+        # (every value of every axis once) and the zoom's phases, which start the servers that tell
+        # the mode's candidate conjunctions apart, explain it for fewer starts than the product.
+        design_spec = t.design.model_copy(update={"kind": "covering", "strength": 1}) if reused is not None \
+            else t.design
+        run = t.sweep(f"at-{sha[:10]}", cut, design_spec)
         if run is not None:
-            extra[mode] = run
+            extra[mode] = triage_report.AtCommit(run, *(reused or (None, None)))
     return _finish(t, runs, summary, extra, chosen, at_ends)
 
 
-def _finish(t: Triage, runs: list[RunDir], summary: dict[str, Any] | None, extra: dict[str, RunDir] | None,
+def server_part(values: Mapping[str, Any]) -> frozenset[tuple[str, str | None]]:
+    """A cell's server settings: its axis values but the commit and the request fields."""
+    return frozenset((k, value_text(v)) for k, v in values.items() if k != "commit" and not k.startswith("request."))
+
+
+def probed_at(bisect_run: RunDir, sha: str, ref: str) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+    """The bisect's samples and cells at `sha`, their commit named `ref` as the sweep there names it."""
+    samples, cells = analysis.load_samples(bisect_run), analysis.load_cells(bisect_run)
+    if samples.empty or cells.empty:
+        return None
+    samples = samples[samples["commit_sha"].astype(str) == sha].copy()
+    cells = cells[cells["commit_sha"].astype(str) == sha].copy()
+    if samples.empty or cells.empty:
+        return None
+    samples["commit"], cells["commit"] = ref, ref
+    return samples.reset_index(drop=True), cells.reset_index(drop=True)
+
+
+def _finish(t: Triage, runs: list[RunDir], summary: dict[str, Any] | None,
+            extra: Mapping[str, triage_report.AtCommit] | None,
             chosen: Mapping[str, str] | None = None,
             at_ends: triage_report.Explained | None = None) -> TriageOutcome:
     paths = triage_report.write_reports(t.run, t.record, runs, at_ends, summary, extra or {}, chosen or {},

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -131,18 +132,33 @@ def triage_sections(m: ModeExplanation, regression: Mapping[str, Any] | None, fi
 
 # ---- writing ----------------------------------------------------------------------------------
 
-def explained(runs: Sequence[RunDir], order: Sequence[str]) -> tuple[Explanation, pd.DataFrame, pd.DataFrame]:
-    """The failure modes of these runs' samples taken together, with those samples and cells."""
-    samples = pd.concat([analysis.load_samples(r) for r in runs], ignore_index=True)
-    cells = pd.concat([analysis.load_cells(r) for r in runs], ignore_index=True)
+def explained(runs: Sequence[RunDir], order: Sequence[str], more: tuple[pd.DataFrame, pd.DataFrame] | None = None
+              ) -> tuple[Explanation, pd.DataFrame, pd.DataFrame]:
+    """The failure modes of these runs' samples taken together (and `more`: samples and cells stored
+    elsewhere, as a bisect's at the commit swept), with those samples and cells."""
+    samples = pd.concat([*(analysis.load_samples(r) for r in runs), *([more[0]] if more else [])], ignore_index=True)
+    cells = pd.concat([*(analysis.load_cells(r) for r in runs), *([more[1]] if more else [])], ignore_index=True)
     return explain(samples, cells, suite=run_suite(runs[0]), commit_order=order), samples, cells
+
+
+@dataclass(frozen=True)
+class AtCommit:
+    """The sweep at the commit that brought a mode fixed inside the range, and the bisect's samples
+    and cells there that stand for the servers it did not start again."""
+
+    run: RunDir
+    samples: pd.DataFrame | None = None
+    cells: pd.DataFrame | None = None
+
+    def more(self) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+        return None if self.samples is None or self.cells is None else (self.samples, self.cells)
 
 
 Explained = tuple[Explanation, pd.DataFrame, pd.DataFrame]
 
 
 def write_reports(run: RunDir, record: TriageRecord, runs: Sequence[RunDir], at_ends: Explained | None,  # noqa: PLR0913, PLR0917
-                  summary: Mapping[str, Any] | None, extra: Mapping[str, RunDir], chosen: Mapping[str, str], *,
+                  summary: Mapping[str, Any] | None, extra: Mapping[str, AtCommit], chosen: Mapping[str, str], *,
                   good: str, bad: str, runs_dir: str) -> list[Path]:
     """Every mode's Markdown under `reports/`, and `reports/triage.html`; the modes go into `record`.
     `at_ends`: the explanation of `runs` (the sweeps at bad and good) with their samples and cells."""
@@ -158,8 +174,9 @@ def write_reports(run: RunDir, record: TriageRecord, runs: Sequence[RunDir], at_
             pages.append(_one(run, record, runs[0], m, regression, fix_of(summary, regression),
                               _cell_of(summary, key), (samples, cells, explanation), good=good, bad=bad,
                               runs_dir=runs_dir, fails_at_bad=True))
-    for mode, at_run in extra.items():
-        explanation, samples, cells = explained([at_run], [])
+    for mode, at in extra.items():
+        at_run = at.run
+        explanation, samples, cells = explained([at_run], [], at.more())
         found = match_mode(explanation, mode)
         if found is None:
             continue

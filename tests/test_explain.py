@@ -307,7 +307,9 @@ axes:
                             "finish_reason + json_schema + log_absent(Failed to advance FSM) + no_whitespace_tail"}
     budget = by_mode["content_nonempty + finish_reason + reasoning_tokens_at_most"]
     assert budget.verdict is Verdict.EXPLAINED and budget.commits == ("v2",)
-    assert budget.conjunction == "spec_method=mtp ∧ VLLM_USE_V2_MODEL_RUNNER=1 ∧ attention_backend=FLASHINFER"
+    # The ngram cells asking for V2 ran V1: the runner term is read on what ran.
+    assert budget.conjunction == \
+        "spec_method=mtp ∧ VLLM_USE_V2_MODEL_RUNNER=1 (effective) ∧ attention_backend=FLASHINFER"
     assert (str(budget.inside), str(budget.outside)) == ("12/12", "0/132")
     assert [(c, str(n)) for c, n in budget.clean_commits] == [("v1", "0/12")]
     fsm = by_mode["finish_reason + json_schema + log_absent(Failed to advance FSM) + no_whitespace_tail"]
@@ -324,7 +326,7 @@ def test_the_demo_run(demo_run: RunDir) -> None:
     got = {m.mode: (m.verdict, m.conjunction, m.commits) for m in e.modes}
     assert got == {
         "content_nonempty + finish_reason + reasoning_tokens_at_most":
-            (Verdict.EXPLAINED, "spec_method=mtp ∧ VLLM_USE_V2_MODEL_RUNNER=1", ("main",)),
+            (Verdict.EXPLAINED, "spec_method=mtp ∧ VLLM_USE_V2_MODEL_RUNNER=1 (effective)", ("main",)),
         "finish_reason + log_absent(Failed to advance FSM) + no_whitespace_tail":
             (Verdict.EXPLAINED, "spec_method=mtp", ("v0.28.0~3",)),
         "finish_reason + no_whitespace_tail": (Verdict.EXPLAINED, "spec_method=mtp", ("v0.28.0", "main")),
@@ -345,7 +347,7 @@ def test_the_notebook_explains_the_demo_run(demo_run: RunDir) -> None:
     NotebookClient(nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute(
         env={**os.environ, "SWEEP_RUN": str(demo_run.root)})
     printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
-    assert "spec_method=mtp ∧ VLLM_USE_V2_MODEL_RUNNER=1 → 40/40 failing vs 0/200 elsewhere" in printed
+    assert "spec_method=mtp ∧ VLLM_USE_V2_MODEL_RUNNER=1 (effective) → 40/40 failing vs 0/200 elsewhere" in printed
 
 
 def test_explain_json_and_unwrapped_text_from_the_cli(demo_run: RunDir) -> None:
@@ -363,7 +365,7 @@ def test_explain_json_and_unwrapped_text_from_the_cli(demo_run: RunDir) -> None:
     budget = next(m for m in doc["modes"] if m["scope"]["commits"] == ["main"])
     assert budget["verdict"] == "explained"
     assert [(t["name"], t["value"], t["effective"]) for t in budget["conjunction"]] == \
-        [("spec_method", "mtp", False), ("VLLM_USE_V2_MODEL_RUNNER", "1", False)]
+        [("spec_method", "mtp", False), ("VLLM_USE_V2_MODEL_RUNNER", "1", True)]
     assert (budget["inside"]["failed"], budget["inside"]["n"], budget["outside"]["n"]) == (40, 40, 200)
     assert budget["test"]["p_adjusted"] < doc["alpha"] and budget["aliases"] == []
     readme = (Path(__file__).parent.parent / "runs" / "README.md").read_text()
@@ -374,7 +376,7 @@ def test_explain_json_and_unwrapped_text_from_the_cli(demo_run: RunDir) -> None:
     doc = json.loads(cells.stdout)
     assert cells.exit_code == 0 and "modes" not in doc and len(doc["cells"]) == 48
     text = CliRunner().invoke(app, ["report", "demo", "--runs-dir", runs, "--explain"]).stdout
-    line = next(x for x in text.splitlines() if "spec_method=mtp ∧ VLLM_USE_V2_MODEL_RUNNER=1 →" in x)
+    line = next(x for x in text.splitlines() if "spec_method=mtp ∧ VLLM_USE_V2_MODEL_RUNNER=1 (effective) →" in x)
     assert line.startswith("  ") and line.endswith(")") and len(line) > 150
     # The demo's failures are all-or-nothing per cell: its dispersion is the prior's, and said in one line.
     said = [x for x in text.splitlines() if "dispersion:" in x]
