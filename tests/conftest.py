@@ -171,6 +171,31 @@ def make_sim_repo(repo: Path, commits: Sequence[tuple[str, dict[str, Any]]]) -> 
     return shas
 
 
+ENGINE_DEAD = {"id": "engine-dead", "effect": "crash", "when": {"spec_method": ["mtp"]},
+               "message": "TypeError: Cannot inspect kernel parameters for function"}
+
+
+def crash_history(root: Path, suite: Path, commits: int, *, crash_from: int, after_requests: int) -> dict[str, str]:
+    """A simulated history (v0.27.0, c1, c2, ...) whose engine dies under MTP after `after_requests`
+    requests from commit `crash_from` on, and `root/m.yaml`: one MTP cell over its two ends. Returns
+    tag -> sha."""
+    crash = {**ENGINE_DEAD, "after_requests": after_requests}
+    tags = ["v0.27.0", *(f"c{i}" for i in range(1, commits))]
+    shas = make_sim_repo(root / "vllm", [(t, {"bugs": [crash] if i >= crash_from else []}) for i, t in enumerate(tags)])
+    (root / "m.yaml").write_text(f"""
+name: crash
+model: Qwen/Qwen3-8B
+suite: {suite}
+install: {{kind: sim, repo: {root / "vllm"}}}
+timeouts: {{startup_s: 30, request_s: 10}}
+axes:
+  commit: [v0.27.0, {tags[-1]}]
+  spec_method: [mtp]
+  num_speculative_tokens: [2]
+""")
+    return shas
+
+
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[None]:
     """A real local Ray with 4 logical GPU slots, shared by the tests (start-up costs seconds)."""

@@ -192,23 +192,9 @@ def test_a_bug_that_varies_per_server_start_is_still_pinned(varying: tuple[Path,
 @pytest.mark.timeout(600)
 def test_an_engine_crash_under_the_cells_settings_is_a_change_not_a_skip(tmp_path: Path,
                                                                          tiny_suite: Path) -> None:
-    from conftest import make_sim_repo
+    from conftest import crash_history
 
-    crash = {"id": "engine-dead", "effect": "crash", "when": {"spec_method": ["mtp"]}, "after_requests": 2,
-             "message": "TypeError: Cannot inspect kernel parameters for function"}
-    shas = make_sim_repo(tmp_path / "vllm", [("v0.27.0" if i == 0 else f"c{i}", {"bugs": [crash] if i >= 5 else []})
-                                             for i in range(9)])
-    (tmp_path / "m.yaml").write_text(f"""
-name: crash
-model: Qwen/Qwen3-8B
-suite: {tiny_suite}
-install: {{kind: sim, repo: {tmp_path / "vllm"}}}
-timeouts: {{startup_s: 30, request_s: 10}}
-axes:
-  commit: [v0.27.0, c8]
-  spec_method: [mtp]
-  num_speculative_tokens: [2]
-""")
+    shas = crash_history(tmp_path, tiny_suite, 9, crash_from=5, after_requests=2)
     outcome = run_bisect(BisectScope(good="v0.27", bad="c8", matrix_path=tmp_path / "m.yaml", where=CELL),
                          BisectOptions(parallel=4, runs_dir=tmp_path / "runs", cache_dir=tmp_path / "cache"),
                          executor=choose("local"))
@@ -226,23 +212,9 @@ axes:
 def test_a_start_lost_with_its_driver_is_not_counted_on_resume(tmp_path: Path, tiny_suite: Path) -> None:
     """A driver killed while two starts ran can leave the later one stored and the earlier one not:
     the resumed bisect counts the starts on disk, not the highest probe number."""
-    from conftest import make_sim_repo
+    from conftest import crash_history
 
-    crash = {"id": "engine-dead", "effect": "crash", "when": {"spec_method": ["mtp"]}, "after_requests": 2,
-             "message": "TypeError: Cannot inspect kernel parameters for function"}
-    make_sim_repo(tmp_path / "vllm", [("v0.27.0" if i == 0 else f"c{i}", {"bugs": [crash] if i >= 2 else []})
-                                      for i in range(4)])
-    (tmp_path / "m.yaml").write_text(f"""
-name: lost
-model: Qwen/Qwen3-8B
-suite: {tiny_suite}
-install: {{kind: sim, repo: {tmp_path / "vllm"}}}
-timeouts: {{startup_s: 30, request_s: 10}}
-axes:
-  commit: [v0.27.0, c3]
-  spec_method: [mtp]
-  num_speculative_tokens: [2]
-""")
+    crash_history(tmp_path, tiny_suite, 4, crash_from=2, after_requests=2)
     scope = BisectScope(good="v0.27", bad="c3", matrix_path=tmp_path / "m.yaml", where=CELL)
     runs = tmp_path / "runs"
     run_bisect(scope, BisectOptions(parallel=2, runs_dir=runs, run_id="r", cache_dir=tmp_path / "cache"),

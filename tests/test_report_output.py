@@ -312,25 +312,12 @@ def test_the_demos_end_of_run_table_fits_100_columns(tmp_path: Path, terminal: b
 
 
 def test_a_bisect_of_one_start_a_round_says_so_in_the_singular(tmp_path: Path, tiny_suite: Path) -> None:
-    from conftest import make_sim_repo
+    from conftest import crash_history
 
     from sweeper.bisect.driver import BisectOptions, BisectScope, run_bisect
     from sweeper.executor import choose
 
-    crash = {"id": "engine-dead", "effect": "crash", "when": {"spec_method": ["mtp"]}, "after_requests": 1,
-             "message": "TypeError: Cannot inspect kernel parameters for function"}
-    make_sim_repo(tmp_path / "vllm", [("v0.27.0", {}), ("c1", {"bugs": [crash]})])
-    (tmp_path / "m.yaml").write_text(f"""
-name: one
-model: Qwen/Qwen3-8B
-suite: {tiny_suite}
-install: {{kind: sim, repo: {tmp_path / "vllm"}}}
-timeouts: {{startup_s: 30, request_s: 10}}
-axes:
-  commit: [v0.27.0, c1]
-  spec_method: [mtp]
-  num_speculative_tokens: [2]
-""")
+    crash_history(tmp_path, tiny_suite, 2, crash_from=1, after_requests=1)
     events: list[str] = []
     outcome = run_bisect(BisectScope(good="v0.27", bad="c1", matrix_path=tmp_path / "m.yaml", where=["spec_method=mtp"]),
                          BisectOptions(parallel=1, runs_dir=tmp_path / "runs", cache_dir=tmp_path / "cache"),
@@ -343,22 +330,9 @@ def test_report_json_on_a_bisect_run_is_the_verdict_bisect_json_printed(
         tmp_path: Path, tiny_suite: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`sweep report BISECT_RUN --json`: the object `sweep bisect --json` printed, read back without
     starting anything (no executor is named: none is needed)."""
-    from conftest import make_sim_repo
+    from conftest import crash_history
 
-    crash = {"id": "engine-dead", "effect": "crash", "when": {"spec_method": ["mtp"]}, "after_requests": 1,
-             "message": "TypeError: Cannot inspect kernel parameters for function"}
-    make_sim_repo(tmp_path / "vllm", [("v0.27.0", {}), ("c1", {"bugs": [crash]})])
-    (tmp_path / "m.yaml").write_text(f"""
-name: one
-model: Qwen/Qwen3-8B
-suite: {tiny_suite}
-install: {{kind: sim, repo: {tmp_path / "vllm"}}}
-timeouts: {{startup_s: 30, request_s: 10}}
-axes:
-  commit: [v0.27.0, c1]
-  spec_method: [mtp]
-  num_speculative_tokens: [2]
-""")
+    crash_history(tmp_path, tiny_suite, 2, crash_from=1, after_requests=1)
     runs = str(tmp_path / "runs")
     code, printed, err = run_cli(["bisect", "--good", "v0.27", "--bad", "c1", "--matrix", str(tmp_path / "m.yaml"),
                                   "--where", "spec_method=mtp", "--parallel", "1", "--executor", "local", "--json",
