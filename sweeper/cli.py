@@ -124,7 +124,9 @@ def matrix_cmd(
     design_spec = design_from_text(design) if design is not None else None
     if design is not None and design_spec is None:
         raise ConfigError(f"{DESIGN_EXPECTED}, got {design!r}", key="--design")
-    check_where(where, resume, others=bool(design or adaptive or budget is not None))
+    from sweeper import rerun
+
+    rerun.check_options(where, resume, others=bool(design or adaptive or budget is not None))
     if where and dry_run:
         assert resume is not None
         rerun_preview(file, runs_dir, resume, where)
@@ -170,8 +172,6 @@ def matrix_cmd(
 
     try:
         if where:
-            from sweeper import rerun
-
             assert resume is not None
             outcome = rerun.rerun(file, runs_dir=runs_dir, run_id=resume, where=where,
                                   executor=choose(executor, address=address, gpus=gpus), cache_dir=cache_dir,
@@ -208,17 +208,6 @@ def matrix_cmd(
     if outcome.zoom_summary:
         out.print(f"zoom {outcome.zoom_summary}", markup=False, highlight=False)
     out.print(f"results: {outcome.run.uri}")
-
-
-def check_where(where: list[str] | None, resume: str | None, *, others: bool) -> None:
-    """`--where` re-runs cells of a stored run: it needs `--resume`, and keeps the run's design."""
-    from sweeper.errors import ConfigError
-
-    if where and not resume:
-        raise ConfigError("re-runs cells of a stored run: add --resume RUN_ID", key="--where")
-    if where and others:
-        raise ConfigError("a re-run keeps the run's design, rule and budget: leave out --design, --adaptive "
-                          "and --budget", key="--where")
 
 
 def rerun_preview(file: Path, runs_dir: str, run_id: str, where: list[str]) -> None:

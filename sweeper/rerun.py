@@ -33,6 +33,16 @@ from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, RunDir, now_utc, open_run
 from sweeper.sweep import Plan, RunOutcome, jobs_for, resumed_plan
 
 
+def check_options(where: Sequence[str] | None, resume: str | None, *, others: bool) -> None:
+    """`--where` re-runs cells of a stored run: it needs `--resume`, and keeps the run's design."""
+    if not where:
+        return
+    if not resume:
+        raise ConfigError("re-runs cells of a stored run: add --resume RUN_ID", key="--where")
+    if others:
+        raise ConfigError("a re-run keeps the run's design, rule and budget: leave out --design, --adaptive "
+                          "and --budget", key="--where")
+
 @dataclass(frozen=True)
 class Target:
     """One server to start: `group` (the cells to run), stored under `stored_id` (None: the group has
