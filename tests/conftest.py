@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -56,17 +57,16 @@ FULL_MARKERS = {"ray", "vllm", "full"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    heavy: dict[str, int] = {}
+    full = Counter[Path]()
     for item in items:
         uses = set(getattr(item, "fixturenames", ()))
         if uses & FULL_FIXTURES or {m.name for m in item.iter_markers()} & FULL_MARKERS:
             item.add_marker(pytest.mark.full)
-            heavy[item.nodeid.split("::")[0]] = heavy.get(item.nodeid.split("::")[0], 0) + 1
+            full[item.path] += 1
     # Files with the most full-tier tests (the end-to-end drivers, a minute each) first: the xdist
     # workers take files in this order, so the long ones start at once and the many short files
-    # fill the gaps, instead of one long file ending the run on one worker while the other idles.
-    # A stable sort: each file's own tests keep their order.
-    items.sort(key=lambda item: -heavy.get(item.nodeid.split("::")[0], 0))
+    # fill the gaps after them. A stable sort: each file's own tests keep their order.
+    items.sort(key=lambda item: -full[item.path])
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
