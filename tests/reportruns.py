@@ -1,12 +1,16 @@
-"""Runs the report tests share (made once per session): the demo matrix as shipped, and a small run
-of the demo history with secrets planted in its settings. Import the fixtures into a test module."""
+"""Runs the report tests share (made once per test run, whatever the number of xdist workers): the
+demo matrix as shipped, and a small run of the demo history with secrets planted in its settings.
+Import the fixtures into a test module; the tests only read these runs (a test writing beside them
+gives its own run a name of its own)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import filelock
 import pytest
 
 from sweeper.executor import choose
@@ -21,23 +25,40 @@ TOKEN_AXIS = "tok-PlantedAxisSecret-42x"
 
 @pytest.fixture(scope="session")
 def report_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    yield tmp_path_factory.mktemp("report-runs")
+    # Under xdist every worker has a base temp of its own inside one shared by the run: the runs are
+    # made there, once, by whichever worker asks first (a demo run is 30-50 s of two busy cores).
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "report-runs"
+    root.mkdir(exist_ok=True)
+    yield root
+
+
+def _once(root: Path, name: str, make: Callable[[], RunDir]) -> RunDir:
+    """The run `name` under `root`, made by `make` unless a worker made it already (a marker file
+    written after the run is complete; the lock keeps the others waiting meanwhile)."""
+    done = root / f"{name}.done"
+    with filelock.FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            run = make()
+            done.write_text(str(run.root.relative_to(root)))
+        return RunDir(root / done.read_text())
 
 
 @pytest.fixture(scope="session")
 def demo_run(report_dirs: Path) -> RunDir:
-    """`matrices/demo.yaml` exactly as shipped, its history and environments in the session's tmp; run
+    """`matrices/demo.yaml` exactly as shipped, its history and environments in the run's tmp; run
     by the in-process executor (tests/test_executor.py checks that Ray gives the same results)."""
-    outcome = run_matrix(ROOT / "matrices" / "demo.yaml", runs_dir=report_dirs / "runs", run_id="demo",
-                         executor=choose("local"), cache_dir=report_dirs / "cache")
-    return outcome.run
+    return _once(report_dirs, "demo", lambda: run_matrix(
+        ROOT / "matrices" / "demo.yaml", runs_dir=report_dirs / "runs", run_id="demo", executor=choose("local"),
+        cache_dir=report_dirs / "cache").run)
 
 
 @pytest.fixture(scope="session")
 def secret_run(report_dirs: Path) -> RunDir:
     """The demo history at main, thinking-budget suite only, with a token in the env and in an axis."""
-    path = report_dirs / "secret.yaml"
-    path.write_text(f"""
+    def make() -> RunDir:
+        path = report_dirs / "secret.yaml"
+        path.write_text(f"""
 name: secret
 model: Qwen/Qwen3.5-35B-A3B
 suite: {json.dumps(str(ROOT / "suites" / "thinking-budget.yaml"))}
@@ -53,6 +74,6 @@ axes:
   env.VLLM_USE_V2_MODEL_RUNNER: ["0", "1"]
   env.SWEEP_TEST_SECRET_TOKEN: ["{TOKEN_AXIS}"]
 """)
-    outcome = run_matrix(path, runs_dir=report_dirs / "secret-runs", run_id="secret", executor=choose("local"),
-                         cache_dir=report_dirs / "cache")
-    return outcome.run
+        return run_matrix(path, runs_dir=report_dirs / "secret-runs", run_id="secret", executor=choose("local"),
+                          cache_dir=report_dirs / "cache").run
+    return _once(report_dirs, "secret", make)

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -42,11 +43,15 @@ class Browser:
 
     def __init__(self, profile: Path) -> None:
         assert BROWSER is not None
+        # Chromium makes its scratch folders (org.chromium.Chromium.*) in TMPDIR and leaves them; a
+        # socket goes there too, so the folder's path is short (a Unix socket's is 107 bytes at most).
+        self.scratch = tempfile.mkdtemp(prefix="sweep-chromium-")
         self.proc = subprocess.Popen(
             [BROWSER, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              "--remote-debugging-port=0", f"--user-data-dir={profile}", "--window-size=1400,1000", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            env={**os.environ, "TMPDIR": self.scratch})
         port_file = profile / "DevToolsActivePort"
         deadline = time.monotonic() + 60
         while not (port_file.exists() and len(port_file.read_text().split()) >= 2):
@@ -64,6 +69,7 @@ class Browser:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, 9)
                 self.proc.wait()
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
     def visit(self, url: str, script: str, screenshot: Path, click: str | None = None) -> dict[str, Any]:
         return asyncio.run(self._visit(url, script, screenshot, click))
