@@ -8,6 +8,7 @@ temporary files go to the test's own folders. Run with `pytest -m vllm`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sweeper import environments, fingerprint, metrics, vllm
+from sweeper import environments, fingerprint, vllm
 from sweeper.matrix import Cell, load_matrix
 from sweeper.server import ServerProcess, free_port, new_api_key
 from sweeper.tinymodel import build_tiny_model
@@ -113,47 +114,65 @@ def test_fingerprint_of_the_cpu_environment(installed: environments.Installed) -
     assert f.cuda_version is None and f.hostname
 
 
+NGRAM = dict(spec_method="ngram", async_scheduling=False, attention_backend="FLASH_ATTN",
+             **{"serve.--structured-outputs-config": {"backend": "xgrammar", "disable_any_whitespace": True}})
+
+
 @pytest.fixture(scope="module")
-def ngram_server(installed, model, work) -> Iterator[tuple[ServerProcess, str, str]]:
-    cell = find_cell(spec_method="ngram", async_scheduling=False, attention_backend="FLASH_ATTN",
-                     **{"serve.--structured-outputs-config": {"backend": "xgrammar", "disable_any_whitespace": True}})
-    server, key = server_for(cell, installed, model, work, "ngram", extra=("--enable-log-requests",))
-    with server:
-        yield server, key, cell.cell_id
+def runner_rows(installed, model, work) -> dict[str, tuple[dict[str, Any], list[dict[str, Any]], str]]:
+    """Two cells of matrices/cpu.yaml through the runner, a server each: the ngram cell, which runs
+    (with a silent fallback) and logs its requests (`--enable-log-requests`, added here), and one
+    vLLM refuses (async scheduling with ngram). Per cell: its row, its samples, its server's log. The
+    ngram start serves the effective-config, metrics and request-log test too: a CPU vLLM start is
+    about a minute."""
+    from sweeper.runner import GroupJob, run_group
+    from sweeper.suite import load_suites
+
+    with pytest.MonkeyPatch.context() as mp:
+        for var, sub in (("VLLM_CACHE_ROOT", "vllm"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TMPDIR", "tmp")):
+            (work / "e2e" / sub).mkdir(parents=True, exist_ok=True)
+            mp.setenv(var, str(work / "e2e" / sub))
+        spec = MATRIX.spec.model_copy(update={"model": model})
+        suite = load_suites(MATRIX.suite_paths)
+        groups = {g.head.cell_id: g for g in MATRIX.groups()}
+        rows = {}
+        for c in (find_cell(**NGRAM), find_cell(spec_method="ngram", async_scheduling=True, attention_backend="CPU_ATTN")):
+            group = groups[c.cell_id]
+            if c.spec_method == "ngram" and c.async_scheduling is False:
+                logged = tuple(dataclasses.replace(x, serve={**x.serve, "--enable-log-requests": True})
+                               for x in group.cells)
+                group = dataclasses.replace(group, cells=logged)
+            job = GroupJob(run_id="t", group=group, spec=spec, suite=suite, repeats_override=1, sha="0.32.0",
+                           cache_dir=str(VLLM_CACHE) if VLLM_CACHE else None)
+            result = run_group(job)
+            rows[c.cell_id] = (result.cells.to_pylist()[0], result.samples.to_pylist(), result.log_text())
+    return rows
 
 
-def test_ngram_server_effective_config_metrics_and_request_ids(ngram_server, model) -> None:
-    server, key, cell_id = ngram_server
-    cell = next(c for c in MATRIX.cells if c.cell_id == cell_id)
-    before = metrics.scrape(server.base_url, key)
-    schema = {"type": "object", "properties": {"a": {"type": "boolean"}, "b": {"enum": ["yes", "no"]}},
-              "required": ["a", "b"], "additionalProperties": False}
-    replies = [chat(server, key, f"t-json-{i}", model, response_format={
-        "type": "json_schema", "json_schema": {"name": "x", "schema": schema}}) for i in range(3)]
-    replies += [chat(server, key, f"t-plain-{i}", model, max_tokens=48) for i in range(3)]
-    after = metrics.scrape(server.base_url, key)
-    assert all(r.status_code == 200 for r in replies)
-    # The response id is `chatcmpl-` + the X-Request-Id sent.
-    assert replies[0].json()["id"] == "chatcmpl-t-json-0"
-    assert replies[0].json()["choices"][0]["finish_reason"] == "stop"
+def test_ngram_server_effective_config_metrics_and_request_ids(runner_rows) -> None:
+    cell = find_cell(**NGRAM)
+    row, samples, log = runner_rows[cell.cell_id]
+    assert row["status"] == "ok" and samples
+    # /metrics before and after the replay: spec-decode figures for the cell.
+    assert row["spec_drafts"] > 0 and row["spec_accepted_tokens"] > 0 and 0 < row["spec_acceptance_rate"] <= 1
+    assert row["spec_mean_acceptance_length"] > 1 and len(row["spec_accepted_per_position"]) == 3
 
-    m = metrics.group_metrics(before, after)
-    assert m.drafts > 0 and m.accepted_tokens > 0 and 0 < m.acceptance_rate <= 1
-    assert m.mean_acceptance_length > 1 and len(m.accepted_per_position) == 3
-    assert sum(m.finished.values()) == 6
-
-    log = server.log_text()
     eff = vllm.effective_config(log)
     assert (eff.version, eff.spec_method, eff.num_speculative_tokens) == ("0.32.0", "ngram", 3)
     assert eff.async_scheduling is False and eff.model_runner == "V1"
     assert eff.attention_backend == "CPU_ATTN" and eff.disable_any_whitespace is True
     assert vllm.diff(cell, eff) == {"attention_backend": ("FLASH_ATTN", "CPU_ATTN")}
 
+    # vLLM's request id is `chatcmpl-` + the X-Request-Id sent: a request's own log lines are found
+    # by it, and no other request's (ids that share a prefix included).
     lines = log.splitlines()
-    mine = vllm.request_log_lines(lines, "t-json-1")
-    assert any("Received request chatcmpl-t-json-1:" in ln for ln in mine)
-    assert any(ln.rstrip().endswith("Added request chatcmpl-t-json-1-" + ln.rstrip()[-9:-1] + ".") for ln in mine)
-    assert not any("t-json-10" in ln or "t-json-2" in ln for ln in mine)
+    ids = [str(x["request_id"]) for x in samples]
+    assert len(set(ids)) == len(ids) >= 2
+    for rid in ids:
+        mine = vllm.request_log_lines(lines, rid)
+        assert any(f"Received request chatcmpl-{rid}:" in ln for ln in mine), rid
+        assert any(ln.rstrip().endswith(f"Added request chatcmpl-{rid}-" + ln.rstrip()[-9:-1] + ".") for ln in mine)
+        assert not any(other in ln for other in ids if other != rid and not rid.startswith(other) for ln in mine)
 
 
 def test_async_requested_on_cpu_is_forced_off_and_budget_holds(installed, model, work) -> None:
@@ -171,34 +190,19 @@ def test_async_requested_on_cpu_is_forced_off_and_budget_holds(installed, model,
     assert vllm.diff(cell, eff) == {"async_scheduling": (True, False)}
 
 
-def test_cpu_matrix_cells_through_the_runner(installed, model, work, monkeypatch) -> None:
+def test_cpu_matrix_cells_through_the_runner(runner_rows) -> None:
     """Two cells of matrices/cpu.yaml end to end: one runs (with a silent fallback), one is refused
     with vLLM's own message (async scheduling with ngram)."""
-    from sweeper.runner import GroupJob, run_group
-    from sweeper.suite import load_suites
-
-    for var, sub in (("VLLM_CACHE_ROOT", "vllm"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TMPDIR", "tmp")):
-        (work / "e2e" / sub).mkdir(parents=True, exist_ok=True)
-        monkeypatch.setenv(var, str(work / "e2e" / sub))
-    spec = MATRIX.spec.model_copy(update={"model": model})
-    suite = load_suites(MATRIX.suite_paths)
-    ok_cell = find_cell(spec_method="ngram", async_scheduling=False, attention_backend="FLASH_ATTN",
-                        **{"serve.--structured-outputs-config": {"backend": "xgrammar", "disable_any_whitespace": True}})
+    ok_cell = find_cell(**NGRAM)
     refused = find_cell(spec_method="ngram", async_scheduling=True, attention_backend="CPU_ATTN")
-    groups = {g.head.cell_id: g for g in MATRIX.groups()}
-    rows = {}
-    for c in (ok_cell, refused):
-        job = GroupJob(run_id="t", group=groups[c.cell_id], spec=spec, suite=suite, repeats_override=1, sha="0.32.0",
-                       cache_dir=str(VLLM_CACHE) if VLLM_CACHE else None)
-        result = run_group(job)
-        rows[c.cell_id] = (result.cells.to_pylist()[0], result.samples.to_pylist())
-    row, samples = rows[ok_cell.cell_id]
+    rows = runner_rows
+    row, samples, _ = rows[ok_cell.cell_id]
     assert row["status"] == "ok" and row["vllm_version"] == "0.32.0"
     assert row["effective_attention_backend"] == "CPU_ATTN" and row["effective_differs"] == ["attention_backend"]
     assert row["spec_drafts"] > 0 and row["spec_acceptance_rate"] > 0
     json_samples = [s for s in samples if s["case_id"] in ("flags", "verdict")]
     assert json_samples and all(s["passed"] and s["finish_reason"] == "stop" for s in json_samples)
-    row, samples = rows[refused.cell_id]
+    row, samples, _ = rows[refused.cell_id]
     assert row["status"] == "server_failed" and not samples
     assert "async scheduling is only supported with EAGLE/MTP" in row["log_tail"]
     # vLLM's reason names the cell's settings: the configuration failing, a failure mode for bisect.
