@@ -70,6 +70,10 @@ class ServerError(SweepError):
         super().__init__(message)
 
 
+class PortTakenError(ServerError):
+    """The server's port answers for another server: taken between choosing it and binding it."""
+
+
 class MetricsError(SweepError):
     """A server's /metrics could not be read (unreachable, refused, not 200)."""
 

@@ -254,7 +254,7 @@ def _run_group(job: GroupJob, base: _CellBase, cells: Sequence[Cell], log_path: 
         startup_s = min(startup_s, deadline - time.monotonic())
     env = {**launch.env, **({"CUDA_VISIBLE_DEVICES": job.devices} if job.devices is not None else {})}
     server = ServerProcess(launch.argv, server_env(env), port=port, log_path=log_path,
-                           startup_timeout_s=startup_s)
+                           startup_timeout_s=startup_s, api_key=api_key)
     base.server = server
     rule = adaptive_rule(job)
     requests = build_requests(job, cells, interleaved=rule is not None)

@@ -29,10 +29,12 @@ from typing import Self
 import httpx
 
 from sweeper import guard
-from sweeper.errors import ServerError
+from sweeper.errors import PortTakenError, ServerError
 from sweeper.transport import tls
 
 LOG_TAIL_LINES = 40
+# Starts on a fresh port after another server took this one (see ServerProcess.api_key).
+PORT_ATTEMPTS = 3
 # The guard (`sweeper/guard.py`) runs by its path, `python -I -S guard.py <owner pid> <grace s> argv...`:
 # isolated (no PYTHON* variables, no user site, not its own folder on sys.path) and without site, it
 # imports the standard library only, whatever environment the server is given.
@@ -66,10 +68,15 @@ class ServerProcess:
     """Start `argv` with `env` in its own process group; ready when `/health` answers 200."""
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], *, port: int, log_path: Path,
-                 startup_timeout_s: float, grace_s: float = 10.0, cwd: Path | None = None) -> None:
+                 startup_timeout_s: float, grace_s: float = 10.0, cwd: Path | None = None,
+                 api_key: str | None = None) -> None:
         self.argv = list(argv)
         self.env = dict(env)
         self.port = port
+        # With the key the server was given, a healthy answer is checked to be this server's: the
+        # port is chosen free, then bound by the server a moment later, and on a busy node another
+        # server can take it in between (whose /health answers, whose API refuses this key).
+        self.api_key = api_key
         self.log_path = log_path
         self.startup_timeout_s = startup_timeout_s
         self.grace_s = grace_s
@@ -83,13 +90,30 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def __enter__(self) -> Self:
-        self.start()
-        try:
-            self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            self.start()
+            try:
+                self.wait_ready()
+                return self
+            except PortTakenError as exc:
+                self.stop()
+                if attempt == PORT_ATTEMPTS or not self._move_port():
+                    raise
+                with open(self.log_path, "a", encoding="utf-8") as log:
+                    log.write(f"\n===== sweep: {exc}; starting again on port {self.port} =====\n")
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _move_port(self) -> bool:
+        """A fresh port in the argv (`--port N`, as vLLM takes it); False if the argv names none."""
+        for i, arg in enumerate(self.argv[:-1]):
+            if arg == "--port" and self.argv[i + 1] == str(self.port):
+                self.port = free_port()
+                self.argv[i + 1] = str(self.port)
+                return True
+        return False
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
@@ -123,10 +147,13 @@ class ServerProcess:
             while True:
                 code = self.proc.poll()
                 if code is not None:
+                    # It could not bind: is another server there?
+                    self._raise_if_taken(client)
                     raise ServerError(f"server exited with code {code} before it was healthy",
                                       log_tail=tail(self.log_path))
                 try:
                     if client.get(f"{self.base_url}/health").status_code == 200:
+                        self._raise_if_taken(client)
                         self.startup_s = time.monotonic() - self._t0
                         return self.startup_s
                 except httpx.HTTPError:
@@ -135,6 +162,18 @@ class ServerProcess:
                     raise ServerError(f"server not healthy after {self.startup_timeout_s:.0f}s",
                                       log_tail=tail(self.log_path))
                 time.sleep(0.1)
+
+    def _raise_if_taken(self, client: httpx.Client) -> None:
+        """PortTakenError if the port answers for a server that refuses this one's API key."""
+        if self.api_key is None:
+            return
+        try:
+            reply = client.get(f"{self.base_url}/v1/models", headers={"Authorization": f"Bearer {self.api_key}"})
+        except httpx.HTTPError:
+            return
+        if reply.status_code == 401:
+            raise PortTakenError(f"port {self.port} answers for another server (its API refuses this server's "
+                                 "key)", log_tail=tail(self.log_path))
 
     def stop(self) -> None:
         """TERM the whole group, wait `grace_s`, KILL what is left, reap the leader."""

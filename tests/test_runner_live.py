@@ -4,18 +4,22 @@ A whole group in-process (a real simulator server) for what the runner counts an
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 from conftest import make_sim_repo
 
 from sweeper import analysis
+from sweeper.install.sim import COMMAND
 from sweeper.replay import Reply, Request
 from sweeper.runner import GroupJob, _CellBase, _LiveJudge, build_requests, run_group
+from sweeper.server import ServerProcess, free_port, new_api_key
 from sweeper.status import Status
 from sweeper.store import open_run
 from sweeper.sweep import jobs_for, make_plan
@@ -115,3 +119,22 @@ def test_a_group_past_group_s_ends_as_timeout_with_its_server_stopped(tmp_path: 
     assert result.samples.num_rows == 0  # requests cut off by the deadline are not samples
     assert took < 60  # not the minute a single answer would take
     assert _holding(node_tmp) == [] and list(node_tmp.iterdir()) == []  # server gone, its folder too
+
+
+def test_a_port_another_server_took_is_left_for_a_fresh_one(tmp_path: Path) -> None:
+    """The port is chosen free and bound a moment later: another server can take it in between. Its
+    /health answers, its API refuses this server's key: the start moves to a fresh port instead of
+    replaying against a stranger (which answered 401 to every request of a cell)."""
+    def serve(port: int, key: str, name: str) -> ServerProcess:
+        argv = [*COMMAND, "serve", "Qwen/Qwen3-8B", "--host", "127.0.0.1", "--port", str(port), "--api-key", key]
+        return ServerProcess(argv, dict(os.environ), port=port, log_path=tmp_path / f"{name}.log",
+                             startup_timeout_s=30, grace_s=2, api_key=key)
+
+    port = free_port()
+    with serve(port, new_api_key(), "stranger"):
+        mine = serve(port, new_api_key(), "mine")
+        with mine:
+            assert mine.port != port and mine.starts == 2
+            models = httpx.get(f"{mine.base_url}/v1/models", headers={"Authorization": f"Bearer {mine.api_key}"})
+            assert models.status_code == 200
+        assert f"port {port} answers for another server" in mine.log_text()
