@@ -264,7 +264,7 @@ def test_term_stops_the_server_gracefully(tmp_path: Path) -> None:
 # later TERM would queue behind it: a server no guard could stop.
 TERM_HOLDING_THE_LOCK = """
 import os, signal, sys, threading, time
-from vllmsim.cli import serve_main
+from vllmsim.serve import serve_main
 wait, fired = threading.Event.wait, []
 def wait_holding_the_lock(self, timeout=None):
     if timeout is not None and sys._getframe(1).f_code.co_name == "run" and not fired:

@@ -362,6 +362,9 @@ def test_planted_history_is_triaged_with_fewer_starts_than_sweep_and_bisect(
                  BisectOptions(runs_dir=runs, run_id="b", cache_dir=tmp_path / "cache"), executor=choose("local"),
                  on_event=lambda _: None)
     sweep_starts, bisect_starts = starts_in_logs(runs / "full"), starts_in_logs(runs / "b")
+    # `pytest -s -k planted_history` prints the figures BENCHMARKS.md (T1) quotes.
+    print(f"planted starts: triage {triage_starts} { {p.name: p.starts for p in record.phases} }, "
+          f"full sweep {sweep_starts}, bisect alone {bisect_starts}")
     assert triage_starts <= 2 * bisect_starts, (triage_starts, bisect_starts)
     # On this matrix (6 servers a commit) a covering design of strength 3 saves no start; the sweep
     # at the commit that brought the tails (a mode absent at both ends) starts none of the servers

@@ -1,6 +1,6 @@
 """`vllm serve MODEL [flags]`, simulated: flags parsed as vLLM parses them (argparse, `vllmsim.args`),
 the startup resolved and logged, then the HTTP server. `python -m vllmsim serve` comes here without
-the CLI's Typer (which, with pydantic, would be a third of every simulated server's start)."""
+the CLI's Typer, whose import (pydantic with it) cost as much CPU as the rest of a simulated start-up."""
 
 from __future__ import annotations
 
