@@ -147,6 +147,9 @@ class ModeExplanation:
     # Parts of the conjunction (it with one more term) that do not credibly fail: the samples cannot
     # tell the conjunction from one that leaves such a part out, so it is not claimed (too few samples).
     unsure_parts: tuple[tuple[Term, Count], ...] = ()
+    # Terms whose need the samples do not show (with the term false, the rest of the conjunction is
+    # not credibly cleaner, or has no samples): named, not claimed, where no conjunction fits fully.
+    unneeded: tuple[Term, ...] = ()
     # Larger conjunctions that select exactly the same starts: the design holds the conjunction only
     # together with these values, so it cannot tell them from it (a partial design, an include rule).
     refinements: tuple[tuple[Term, ...], ...] = ()
@@ -353,26 +356,29 @@ def _necessary(c: _Conj, dims: Mapping[str, Sequence[str | None]], n: np.ndarray
     the term false, that is credibly cleaner than `c` (the test `_too_broad` makes of the parent's
     one-term refinements, Bonferroni over those refinements). A term that only rides along with a
     few clean starts of the parent is not claimed: the smaller conjunction is, or nothing is."""
+    return all(_needed(c, i, dims, n, k, alpha, scope) for i in range(len(c.terms)))
+
+
+def _needed(c: _Conj, i: int, dims: Mapping[str, Sequence[str | None]], n: np.ndarray, k: np.ndarray,  # noqa: PLR0917
+            alpha: float, scope: np.ndarray) -> bool:
+    """Whether term `i` of `c` is needed (see `_necessary`)."""
     if len(c.terms) < 2:
         return True  # a single term's parent is everything: whether it is needed is its significance
-    for i in range(len(c.terms)):
-        rest = tuple(t for j, t in enumerate(c.terms) if j != i)
-        parent = _Conj(rest, _mask(dims, rest, len(n)) & scope)
-        part = parent.mask & ~c.mask
-        if not (n[part].sum() > 0 and n[c.mask].sum() > 0):
-            return False
-        # Bonferroni over the larger conjunctions the parent could give way to: its distinct one-term
-        # refinements (a term that rides along is claimed only if one of them passes by chance).
-        tier = [m for *_, m in _refinements(parent, dims) if 0 < n[m].sum() < n[parent.mask].sum()]
-        budget = len(np.unique(np.array(tier, dtype=bool), axis=0)) if tier else 1
-        # At the dispersion of this split (the term true or false inside the parent, each side its
-        # own rate): the one the data favour most, which is the prior's 0 where they cannot tell
-        # (cells of one start each that fail all or nothing), high where the starts disagree.
-        disp = od.dispersion(od.loglik(k, n), c.mask[None, :], parent.mask)
-        split = float(disp.mode[0]) if disp.mode is not None else float(disp.mean[0])
-        if _clean_p(part[None, :], parent.mask, n, k, split)[0] >= alpha / budget:
-            return False
-    return True
+    rest = tuple(t for j, t in enumerate(c.terms) if j != i)
+    parent = _Conj(rest, _mask(dims, rest, len(n)) & scope)
+    part = parent.mask & ~c.mask
+    if not (n[part].sum() > 0 and n[c.mask].sum() > 0):
+        return False
+    # Bonferroni over the larger conjunctions the parent could give way to: its distinct one-term
+    # refinements (a term that rides along is claimed only if one of them passes by chance).
+    tier = [m for *_, m in _refinements(parent, dims) if 0 < n[m].sum() < n[parent.mask].sum()]
+    budget = len(np.unique(np.array(tier, dtype=bool), axis=0)) if tier else 1
+    # At the dispersion of this split (the term true or false inside the parent, each side its
+    # own rate): the one the data favour most, which is the prior's 0 where they cannot tell
+    # (cells of one start each that fail all or nothing), high where the starts disagree.
+    disp = od.dispersion(od.loglik(k, n), c.mask[None, :], parent.mask)
+    split = float(disp.mode[0]) if disp.mode is not None else float(disp.mean[0])
+    return bool(_clean_p(part[None, :], parent.mask, n, k, split)[0] < alpha / budget)
 
 
 def _unsure_parts(c: _Conj, dims: Mapping[str, Sequence[str | None]], n: np.ndarray, k: np.ndarray,  # noqa: PLR0917
@@ -607,7 +613,8 @@ def _explain_mode(mode: str, table: Units, n_all: np.ndarray, k_all: np.ndarray,
         effective_notes=_effective_notes(best, terms, table, scope, n, k),
         rho=best.rho, rho_high=best.rho_high, worth=od.worth(ns[scope], best.rho),
         inside_evidence=_evidence(best.mask, ns, ks, w_best), outside_evidence=_evidence(out_mask, ns, ks, w_best),
-        unsure_parts=unsure, refinements=refinements)
+        unsure_parts=unsure, refinements=refinements,
+        unneeded=tuple(terms[i] for i in (choice.unneeded if choice is not None else [])))
 
 
 @dataclass
@@ -618,6 +625,7 @@ class _Choice:
     conj: _Conj
     claimed: bool
     unsure: list[tuple[str, str | None, np.ndarray]] = field(default_factory=list)
+    unneeded: list[int] = field(default_factory=list)  # terms (by index) whose need is not shown
 
 
 def _best(conjs: Sequence[_Conj], dims: Mapping[str, Sequence[str | None]], n: np.ndarray, k: np.ndarray,  # noqa: PLR0917
@@ -630,11 +638,13 @@ def _best(conjs: Sequence[_Conj], dims: Mapping[str, Sequence[str | None]], n: n
     of its one-term refinements credibly fails (`_unsure_parts`): otherwise the samples cannot tell
     it from the refinement that leaves that part out, and naming it would claim a term too few."""
     first: _Choice | None = None
+    loose: list[_Conj] = []  # hold the failures, no part credibly clean, a term's need not shown
     total_k = float(k[scope].sum())
     for size in range(1, max_terms + 1):
-        fitting = [c for c in conjs if len(c.terms) == size and float(k[c.mask].sum()) >= COVERAGE * total_k
-                   and not _too_broad(c, dims, n, k, alpha, rho_cell, cell_of)
-                   and _necessary(c, dims, n, k, alpha, rho_cell, scope)]
+        whole = [c for c in conjs if len(c.terms) == size and float(k[c.mask].sum()) >= COVERAGE * total_k
+                 and not _too_broad(c, dims, n, k, alpha, rho_cell, cell_of)]
+        fitting = [c for c in whole if _necessary(c, dims, n, k, alpha, rho_cell, scope)]
+        loose += [c for c in whole if c not in fitting]
         fitting.sort(key=lambda c: (c.p, c.n_in, [str(t) for t in c.terms]))
         for c in fitting:
             if c.p_adj >= alpha:
@@ -646,6 +656,14 @@ def _best(conjs: Sequence[_Conj], dims: Mapping[str, Sequence[str | None]], n: n
                 first = _Choice(c, False, unsure)
         if fitting and first is None:
             first = _Choice(fitting[0], False)
+    if first is None and loose:
+        # Nothing fits, but conjunctions hold the failures with no part of them credibly clean: the
+        # samples are too few to show which of their terms are needed (a parent with the term false
+        # has no or few starts), which is not "no conjunction separates it". The most significant is
+        # named, not claimed, with the terms whose need is not shown: starts there tell.
+        best = min(loose, key=lambda c: (c.p, len(c.terms), c.n_in, [str(t) for t in c.terms]))
+        unneeded = [i for i in range(len(best.terms)) if not _needed(best, i, dims, n, k, alpha, scope)]
+        return _Choice(best, False, unneeded=unneeded)
     return first
 
 
@@ -760,6 +778,11 @@ def describe(m: ModeExplanation) -> list[str]:
             lines.append(f"  too few samples to tell it from a narrower conjunction: {'these parts do' if len(m.unsure_parts) > 1 else 'this part does'} "
                          f"not credibly fail ({unsure}{' …' if len(m.unsure_parts) > 4 else ''}); "
                          "more starts there tell whether the term it lacks matters")
+        elif m.verdict is Verdict.TOO_FEW and m.unneeded:
+            names = ", ".join(f"{display_axis(t.axis)}={t.value}" for t in m.unneeded)
+            lines.append(f"  too few samples to tell whether {'each of these terms is' if len(m.unneeded) > 1 else 'this term is'} "
+                         f"needed ({names}): with it false, the rest is not credibly cleaner; more starts "
+                         "there tell")
         elif m.verdict is Verdict.TOO_FEW:
             lines.append("  not significant after correction: too few samples to tell")
         if m.refinements:

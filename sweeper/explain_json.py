@@ -11,7 +11,7 @@ from typing import Any
 from sweeper.explain import TEST as TEST_NAME
 from sweeper.explain import Count, Evidence, Explanation, ModeExplanation, Term, display_axis
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def _term(t: Term) -> dict[str, Any]:
@@ -47,6 +47,7 @@ def mode_json(m: ModeExplanation, number: int) -> dict[str, Any]:
         "aliases": [[_term(t) for t in alt] for alt in m.alternatives],
         "aliased_refinements": [[_term(t) for t in alt] for alt in m.refinements],
         "unsure_parts": [{"term": _term(t), **_count(c)} for t, c in m.unsure_parts],
+        "unneeded_terms": [_term(t) for t in m.unneeded],
         "effective_notes": list(m.effective_notes),
         "scope": {"commits": list(m.commits),
                   "clean_commits": [{"commit": c, **_count(n)} for c, n in m.clean_commits]},

@@ -17,7 +17,10 @@ that every failing cell shares is a candidate too: a conjunction too broad for i
 term of a three-term bug) zooms towards its failing corner instead of only adding starts across it.
 
 Where explain cannot settle a mode yet (its best conjunction is not significant, or has aliases),
-each phase asks one more start per need. Servers already run count towards these needs (at the
+each phase asks one more start per need. Where those are all met and explain still cannot settle
+it, more starts go where explain places the doubt: each part of its conjunction that does not
+credibly fail and each term not yet shown needed (that corner: `starts + depth` more than ran
+there); with no doubt named, one more start per need at a time. Servers already run count towards these needs (at the
 levels that ran on them); the next phase is a greedy cover of what is left
 (the server meeting most unmet needs first, ties broken by a seeded shuffle), so cutting a phase
 short (a budget) keeps its most informative servers. A mode is **identified** once explain names one
@@ -36,7 +39,7 @@ from __future__ import annotations
 
 import enum
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sweeper.explain import ModeExplanation, Verdict
@@ -179,6 +182,40 @@ def needs(candidate: Candidate, groups: Sequence[ServerGroup], starts: int = STA
     return _Needs(demand, tests)
 
 
+Test = tuple[Terms, Terms, tuple[str, ...]]  # (must hold, must not hold, commits)
+ESCALATE = 8  # at most this many more starts per need than a phase's due, for an unsettled mode
+
+
+def _demands(cands: Sequence[Candidate], groups: Sequence[ServerGroup], per: int) -> list[tuple[Need, int, Test]]:
+    out = []
+    for cand in cands:
+        got = needs(cand, groups, per)
+        out += [(key, count, got.tests[key]) for key, count in got.demand.items()]
+    return out
+
+
+def _escalate(mode: ModeExplanation, cands: Sequence[Candidate], groups: Sequence[ServerGroup], per: int,
+              met: Callable[[Test], int], reachable: Callable[[Test], bool]) -> dict[Need, tuple[int, Test]]:
+    """More starts for a mode explain cannot settle although its needs at `per` are met. First
+    where explain says the doubt is: each part of the named conjunction that does not credibly
+    fail (`unsure_parts`: its held corner) and each term whose need is not shown (`unneeded`: its
+    corner without it), `per` more starts there than have run; else every need, one more start at
+    a time, up to `ESCALATE` more."""
+    name = str(cands[0])
+    weak: set[Need] = {(name, "held", t.axis, t.value) for t, _ in mode.unsure_parts} | \
+        {(name, "without", t.axis, t.value) for t in mode.unneeded}
+    all_needs = _demands(cands, groups, per)
+    got: dict[Need, tuple[int, Test]] = {key: (per, test) for key, _, test in all_needs
+                                         if key in weak and reachable(test)}
+    if got:
+        return got
+    for more in range(1, ESCALATE + 1):
+        got = {key: (count + more - met(test), test) for key, count, test in all_needs}
+        if any(left > 0 and reachable(test) for left, test in got.values()):
+            return got
+    return {}
+
+
 def _meets(levels: Mapping[str, str | None], hold: Terms, off: Terms, commits: Sequence[str]) -> bool:
     if commits and str(levels.get(COMMIT)) not in commits:
         return False
@@ -201,19 +238,23 @@ def step(explained: Sequence[ModeExplanation], groups: Sequence[ServerGroup], ra
     tests: dict[Need, tuple[Terms, Terms, tuple[str, ...]]] = {}
     states: list[tuple[ModeExplanation, tuple[Candidate, ...], list[Need]]] = []
     by_cell = {c.cell_id: levels[g.group_id] for g in groups for c in g.cells}
+    def met(test: tuple[Terms, Terms, tuple[str, ...]]) -> int:
+        return sum(1 for gid in run_ids if _meets(levels[gid], *test))
+
+    def can_meet(test: tuple[Terms, Terms, tuple[str, ...]]) -> bool:
+        return any(_meets(levels[gid], *test) for gid in todo)
+
     for mode in explained:
         cands = candidates(mode, by_cell)
-        keys: list[Need] = []
         # Evidence too weak to settle (too few starts, or aliases): more starts per need each phase.
         per = starts if mode.verdict is Verdict.EXPLAINED else starts + depth
-        for cand in cands:
-            got = needs(cand, groups, per)
-            for key, count in got.demand.items():
-                hold, off, scope = got.tests[key]
-                met = sum(1 for gid in run_ids if _meets(levels[gid], hold, off, scope))
-                if count > met:
-                    demand[key], tests[key] = count - met, got.tests[key]
-                    keys.append(key)
+        got = {key: (count - met(test), test) for key, count, test in _demands(cands, groups, per)}
+        if mode.verdict is not Verdict.EXPLAINED and cands and \
+                not any(left > 0 and can_meet(test) for left, test in got.values()):
+            got = _escalate(mode, cands, groups, per, met, can_meet)
+        keys = [key for key, (left, _) in got.items() if left > 0]
+        for key in keys:
+            demand[key], tests[key] = got[key]
         states.append((mode, cands, keys))
     # Which unmet needs each server not yet run would meet.
     meets = {gid: [k for k in demand if _meets(levels[gid], *tests[k])] for gid in todo}

@@ -361,7 +361,7 @@ def test_explain_json_and_unwrapped_text_from_the_cli(demo_run: RunDir) -> None:
     result = CliRunner().invoke(app, ["report", "demo", "--runs-dir", runs, "--explain", "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert doc["schema_version"] == 2 and doc["labels_from_suite"] is True
+    assert doc["schema_version"] == 3 and doc["labels_from_suite"] is True
     budget = next(m for m in doc["modes"] if m["scope"]["commits"] == ["main"])
     assert budget["verdict"] == "explained"
     assert [(t["name"], t["value"], t["effective"]) for t in budget["conjunction"]] == \

@@ -206,6 +206,54 @@ def test_a_part_too_small_to_tell_is_not_claimed_clean_or_failing(suite: Suite) 
                                              "value": "FLASH_ATTN", "effective": False, "requested": []},
                                     "failed": 0, "n": 3}]
 
+# A covering design's first zoom phase on a planted mtp ∧ FLASH_ATTN ∧ bfloat16 bug (rate 0.58), as it
+# ran: per server start its levels and 8 outcomes (two requests, each sent 4 times; x failed).
+PHASE_AXES = ("spec_method", "attention_backend", "env.VLLM_ENFORCE_STRICT_TOOL_CALLING",
+              "env.VLLM_USE_V2_MODEL_RUNNER", "serve.--dtype", "serve.--enforce-eager")
+PHASE = """
+mtp FLASH_ATTN 0 0 bfloat16 true ..xx.xxx | mtp FLASH_ATTN 0 0 float16 false ........
+mtp FLASH_ATTN 0 1 bfloat16 true .x...x.. | mtp FLASH_ATTN 1 0 bfloat16 false xx.xx..x
+mtp FLASH_ATTN 1 1 bfloat16 false xxxxxxxx | mtp FLASH_ATTN 1 1 float16 false ........
+mtp TRITON_ATTN 0 1 bfloat16 true ........ | mtp TRITON_ATTN 0 1 float16 false ........
+mtp TRITON_ATTN 1 0 float16 true ........ | mtp TRITON_ATTN 1 1 bfloat16 true ........
+ngram FLASH_ATTN 0 1 float16 true ........ | ngram FLASH_ATTN 1 0 bfloat16 true ........
+ngram FLASH_ATTN 1 0 float16 false ........ | ngram TRITON_ATTN 0 0 bfloat16 false ........
+ngram TRITON_ATTN 1 1 bfloat16 true ........ | ngram TRITON_ATTN 1 1 float16 false ........
+none FLASH_ATTN 0 0 float16 true ........ | none FLASH_ATTN 1 1 bfloat16 false ........
+none TRITON_ATTN 0 0 bfloat16 false ........ | none TRITON_ATTN 0 1 bfloat16 true ........
+none TRITON_ATTN 1 0 float16 false ........ | none TRITON_ATTN 1 1 float16 true ........
+"""
+
+
+def phase_samples(text: str) -> pd.DataFrame:
+    rows = []
+    for i, start in enumerate(x.split() for line in text.strip().splitlines() for x in line.split("|")):
+        values: dict[str, Any] = {"commit": "c1", **dict(zip(PHASE_AXES, start[:-1], strict=True))}
+        values["serve.--enforce-eager"] = values["serve.--enforce-eager"] == "true"
+        cid = f"s{i}"
+        for r, outcome in enumerate(start[-1]):
+            rows.append({"run_id": "t", "group_id": cid, "cell_id": cid, "commit": "c1", "commit_sha": "c1".ljust(40, "0"),
+                         "case_id": f"json{r // 4}", "repeat": r % 4, "request_id": f"{cid}-{r}",
+                         "passed": outcome == ".", "failed_checks": list(FSM) if outcome == "x" else [],
+                         "axes": [(a, json.dumps(v)) for a, v in values.items()]})
+    return analysis.with_axes(pd.DataFrame(rows))
+
+
+def test_a_conjunction_holding_every_failure_whose_terms_are_not_yet_shown_needed_is_too_few(suite: Suite) -> None:
+    """Every failure lies in mtp ∧ FLASH_ATTN ∧ bfloat16, and no part of it is credibly clean; but its
+    corners with one term false ran two starts each, too few to show at this dispersion that each term
+    is needed, and each smaller conjunction has a clean part. That is too few samples to say which
+    terms matter (naming the conjunction, with the terms not yet shown needed, for more starts
+    there), not "no conjunction separates it"."""
+    m = only(explain.explain(phase_samples(PHASE), None, suite=suite))
+    assert (m.verdict, m.conjunction) == (Verdict.TOO_FEW, "spec_method=mtp ∧ attention_backend=FLASH_ATTN ∧ serve.--dtype=bfloat16")
+    assert m.unneeded and {t.axis for t in m.unneeded} <= {"spec_method", "attention_backend", "serve.--dtype"}
+    assert [str(w.count) for w in m.without] == ["0/16", "0/16", "0/16"]
+    assert "too few samples to tell whether" in "\n".join(explain.describe(m))
+    doc = to_json(explain.explain(phase_samples(PHASE), None, suite=suite))["modes"][0]
+    assert [t["axis"] for t in doc["unneeded_terms"]] == [t.axis for t in m.unneeded]
+
+
 # ---- every value is a value ---------------------------------------------------------------------
 
 def _async_effective(c: dict[str, Any]) -> dict[str, Any]:
@@ -296,7 +344,7 @@ def test_the_json_form(suite: Suite) -> None:
                            effective=_async_effective, commits=("c1", "c2"))
     samples = samples[~((samples["commit"] == "c2") & ~samples["passed"])]  # c2 is clean
     doc = json.loads(json.dumps(to_json(explain.explain(samples, cells, suite=suite, commit_order=["c1", "c2"]))))
-    assert doc["schema_version"] == 2 and doc["alpha"] == 0.01 and len(doc["modes"]) == 1
+    assert doc["schema_version"] == 3 and doc["alpha"] == 0.01 and len(doc["modes"]) == 1
     mode = doc["modes"][0]
     assert (mode["number"], mode["mode"], mode["verdict"], mode["unit"]) == (1, FSM_MODE, "explained", "samples")
     assert mode["conjunction"] == [{"axis": "async_scheduling", "name": "async_scheduling", "value": "true",

@@ -3,6 +3,7 @@ is checked here by enumerating the matrix's servers, apart from `sweeper.zoom`'s
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -94,10 +95,16 @@ def test_aliases_are_told_apart_and_each_candidate_is_settled(tmp_path: Path) ->
     ran = first | {g.group_id for g in chosen}
     for terms in ([("env.A", "a1")], [("env.C", "c1")]):
         check_settled(groups, ran, terms, ["c1"], 2)
-    # Once they have run, nothing more is needed for these candidates: still not identified (explain
-    # has not said which), but nothing left to tell them apart with.
+    # Once they have run and explain still cannot say which, each need asks one more start at a
+    # time (the samples were too few), on servers that still tell the aliases apart, until the matrix
+    # has no more such servers: then nothing is left to tell them apart with.
     again = step(explained, groups, ran)
-    assert again.done and again.modes[0].status is Status.EXHAUSTED
+    assert again.groups and again.modes[0].status is Status.OPEN
+    assert all(holds(g, [("env.A", "a1")], ["c1"]) != holds(g, [("env.C", "c1")], ["c1"])
+               or holds(g, [("env.A", "a1"), ("env.C", "c1")], ["c1"]) for g in again.groups)
+    ran, _ = run_to_the_end(groups, ran, explained)
+    final = step(explained, groups, ran)
+    assert final.done and final.modes[0].status is Status.EXHAUSTED
 
 
 def test_an_explained_mode_is_identified_once_its_needs_are_met(tmp_path: Path) -> None:
@@ -172,3 +179,28 @@ def test_a_conjunction_too_weak_to_be_significant_zooms_on_its_failing_corner(tm
     ran = {g.group_id for g in corner} | {g.group_id for g in got.groups}
     for candidate in terms:
         check_settled(groups, ran, candidate, ["c1"], 2)
+
+
+def test_a_mode_still_unsettled_when_its_needs_are_met_gets_starts_where_the_doubt_is(tmp_path: Path) -> None:
+    """Explain still says too few samples once every need of the phase has run: more starts go first
+    to where explain places the doubt, a part that does not credibly fail or a term not yet shown
+    needed, and else one more start to every need; the mode is not left as if nothing could tell."""
+    groups = matrix(tmp_path).groups()
+    one = [("env.A", "a1")]
+    ran, _ = run_to_the_end(groups, set(), [mode(Verdict.EXPLAINED, one)])
+    unsure = dataclasses.replace(mode(Verdict.TOO_FEW, one), unsure_parts=((Term("env.B", "b1"), Count(0, 4)),))
+    got = step([unsure], groups, ran)
+    corner = [g for g in groups if holds(g, [*one, ("env.B", "b1")], ["c1"]) and g.group_id not in ran]
+    assert got.modes[0].status is Status.OPEN and corner
+    assert len(got.groups) == min(2, len(corner)) and all(g in corner for g in got.groups)
+    two = [("env.A", "a1"), ("env.B", "b1")]
+    ran, _ = run_to_the_end(groups, set(), [mode(Verdict.EXPLAINED, two)])
+    unneeded = dataclasses.replace(mode(Verdict.TOO_FEW, two), unneeded=(Term("env.B", "b1"),))
+    got = step([unneeded], groups, ran)
+    assert got.groups and all(holds(g, one, ["c1"]) and g.head.values["env.B"] != "b1" for g in got.groups)
+    # No doubt named: one more start for every need, each server chosen meeting one.
+    plain = step([mode(Verdict.TOO_FEW, two)], groups, ran)
+    assert plain.groups and plain.modes[0].status is Status.OPEN
+    assert all(holds(g, [], ["c1"]) for g in plain.groups)
+    # The same mode explained is identified: its needs are met.
+    assert step([mode(Verdict.EXPLAINED, two)], groups, ran).modes[0].status is Status.IDENTIFIED
