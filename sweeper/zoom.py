@@ -20,8 +20,8 @@ Where explain cannot settle a mode yet (its best conjunction is not significant,
 each phase asks one more start per need. Where those are all met and explain still cannot settle
 it, more starts go where explain places the doubt: each part of its conjunction that does not
 credibly fail and each term not yet shown needed (that corner: `starts + depth` more than ran
-there); with no doubt named, one more start per need at a time. Servers already run count towards these needs (at the
-levels that ran on them); the next phase is a greedy cover of what is left
+there); with no doubt named, one more start per need at a time. Servers already run count towards
+these needs (at the levels that ran on them); the next phase is a greedy cover of what is left
 (the server meeting most unmet needs first, ties broken by a seeded shuffle), so cutting a phase
 short (a budget) keeps its most informative servers. A mode is **identified** once explain names one
 conjunction without aliases, significant at its level, and every need of that conjunction is met;
@@ -238,10 +238,11 @@ def step(explained: Sequence[ModeExplanation], groups: Sequence[ServerGroup], ra
     tests: dict[Need, tuple[Terms, Terms, tuple[str, ...]]] = {}
     states: list[tuple[ModeExplanation, tuple[Candidate, ...], list[Need]]] = []
     by_cell = {c.cell_id: levels[g.group_id] for g in groups for c in g.cells}
-    def met(test: tuple[Terms, Terms, tuple[str, ...]]) -> int:
+
+    def met(test: Test) -> int:
         return sum(1 for gid in run_ids if _meets(levels[gid], *test))
 
-    def can_meet(test: tuple[Terms, Terms, tuple[str, ...]]) -> bool:
+    def can_meet(test: Test) -> bool:
         return any(_meets(levels[gid], *test) for gid in todo)
 
     for mode in explained:
