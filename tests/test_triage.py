@@ -380,6 +380,10 @@ def test_planted_history_is_triaged_with_fewer_starts_than_sweep_and_bisect(
 SLOTS = 4  # the interrupted triage's parallel starts
 
 
+def _interruptible() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.full  # a real `sweep triage` in a subprocess, interrupted mid-bisect and resumed
 @pytest.mark.timeout(1800)
 def test_interrupted_triage_resumes_to_the_same_reports(planted: tuple[Path, dict[str, str]], planted_triage: RunDir,
@@ -391,8 +395,11 @@ def test_interrupted_triage_resumes_to_the_same_reports(planted: tuple[Path, dic
     args = [sys.executable, "-m", "sweeper", "triage", str(root / "m.yaml"), "--good", "v0.27", "--bad", "main",
             "--runs-dir", str(runs), "--executor", "local", "--gpus", str(SLOTS), "--cache-dir", str(tmp_path / "cache")]
     env = {**os.environ, "RAY_ADDRESS": ""}
+    # A test run started in the background of a shell without job control inherits SIGINT ignored,
+    # and so would the triage: it would run to its end through the Ctrl-C. A terminal's Ctrl-C is
+    # what is under test, so the triage gets the default disposition, as a foreground command has.
     proc = subprocess.Popen([*args, "--run-id", "r"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env=env)
+                            start_new_session=True, env=env, preexec_fn=_interruptible)  # noqa: PLW1509 (one signal call)
     probes = runs / "r" / "phases" / "bisect" / "probes"
     deadline = time.monotonic() + 900
     # The first stored probe: the bisect has dozens to go (the 47 starts of the planted history), so

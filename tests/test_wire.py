@@ -261,10 +261,12 @@ def test_a_sweep_of_misbehaving_servers_names_each_failure(tmp_path: Path, capsy
         gpus_per_cell: 0
         concurrency: 2
         max_response_mb: 1
-        timeouts: {{startup_s: 60, request_s: 2}}
+        timeouts: {{startup_s: 60, request_s: 8}}
         axes:
           env.WIRE_BEHAVIOUR: {json.dumps(list(GROUP))}
     """))
+    # request_s is not tight: on a loaded machine the 50 MB answer's status line once took over 2 s
+    # to come, and a timeout is then named instead of the cap.
     runs = tmp_path / "runs"
     outcome = run_matrix(tmp_path / "m.yaml", runs_dir=runs, run_id="wire", executor=choose("local"),
                          cache_dir=tmp_path / "cache")
