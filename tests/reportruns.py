@@ -47,7 +47,7 @@ def _once(root: Path, name: str, make: Callable[[], RunDir]) -> RunDir:
 @pytest.fixture(scope="session")
 def demo_run(report_dirs: Path) -> RunDir:
     """`matrices/demo.yaml` exactly as shipped, its history and environments in the run's tmp; run
-    by the in-process executor (tests/test_executor.py checks that Ray gives the same results)."""
+    by the in-process executor (tests/test_report_output.py checks that Ray gives the same results)."""
     return _once(report_dirs, "demo", lambda: run_matrix(
         ROOT / "matrices" / "demo.yaml", runs_dir=report_dirs / "runs", run_id="demo", executor=choose("local"),
         cache_dir=report_dirs / "cache").run)

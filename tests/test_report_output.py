@@ -23,6 +23,9 @@ from sweeper.matrix import canonical
 from sweeper.records import BisectManifest, SweepManifest
 from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, RunDir, table
 
+# The shared demo run, in process (made once per test run).
+pytest_plugins = ["reportruns"]
+
 # The demo's shape: commits in history order (not by name), spec methods in the matrix's order, a
 # constant axis that does not apply without a spec method, a request axis.
 COMMITS = ["v0.27.0", "v0.28.0~3", "v0.28.0", "main"]
@@ -283,13 +286,15 @@ def test_against_warns_of_differing_fixed_settings_and_counts_matched_cells_only
 
 
 ROOT = Path(__file__).resolve().parent.parent
+DEMO_COMPARED = ["cell_id", "status", "n_samples", "n_failed", "failed_checks", "server_starts"]
 
 
 @pytest.mark.ray
 @pytest.mark.parametrize("terminal", [True, False], ids=["pty-ray", "pipe-local"])
-def test_the_demos_end_of_run_table_fits_100_columns(tmp_path: Path, terminal: bool) -> None:
+def test_the_demos_end_of_run_table_fits_100_columns(tmp_path: Path, terminal: bool, demo_run: RunDir) -> None:
     """`sweep matrix matrices/demo.yaml` as a newcomer runs it: in a terminal (on the embedded Ray, whose
-    token notice is not shown) and piped (in-process); the same table as `sweep report` gives."""
+    token notice is not shown) and piped (in-process); the same table as `sweep report` gives, and
+    the same cells as the shared demo run, which the in-process executor made."""
     executor = [] if terminal else ["--executor", "local"]
     # As a newcomer's shell has it: no RAY_AUTH_MODE (Ray then enables token authentication, and says so).
     code, text = sweep("matrix", str(ROOT / "matrices" / "demo.yaml"), "--runs-dir", str(tmp_path / "runs"),
@@ -309,6 +314,12 @@ def test_the_demos_end_of_run_table_fits_100_columns(tmp_path: Path, terminal: b
         assert commits == sorted(commits, key=COMMITS.index)  # history order, not by name
     code, report = sweep("report", "demo", "--runs-dir", str(tmp_path / "runs"), terminal=terminal)
     assert code == 0 and rows_of(report) == rows
+    # Ray (or the CLI's own in-process run) and the shared in-process run: the same cells, statuses,
+    # failure counts and server starts.
+    here, shared = (analysis.load_cells(r)[DEMO_COMPARED].sort_values("cell_id").reset_index(drop=True)
+                    for r in (RunDir(tmp_path / "runs" / "demo"), demo_run))
+    assert len(shared) == 48 and shared["n_failed"].sum() > 0
+    assert here.astype(str).equals(shared.astype(str)), here.compare(shared)
 
 
 def test_a_bisect_of_one_start_a_round_says_so_in_the_singular(tmp_path: Path, tiny_suite: Path) -> None:
