@@ -36,6 +36,8 @@ HISTORY = [
 
 
 def matrix_file(tmp_path: Path, suite: Path, repo: Path, commits: list[str], extra_axes: str = "") -> Path:
+    # The timeouts are loose for a simulator (its start is well under a second when the machine is
+    # idle): on a loaded machine a start of 4 s once failed a good commit's server.
     path = tmp_path / "m.yaml"
     path.write_text(f"""
 name: t
@@ -44,7 +46,7 @@ suite: {suite}
 install: {{kind: sim, repo: {repo}}}
 env: {{VLLM_ENFORCE_STRICT_TOOL_CALLING: "1"}}
 concurrency: 2
-timeouts: {{startup_s: 4, request_s: 2}}
+timeouts: {{startup_s: 15, request_s: 5}}
 axes:
   commit: {json.dumps(commits)}
   spec_method: [none, mtp]
@@ -107,7 +109,7 @@ def test_every_cell_status_one_server_per_key_and_parquet(tmp_path: Path, tiny_s
                                 "broken": ["install_failed"]}
     refused = cells[cells.commit == "refuse"].iloc[0]
     assert "CUDA error: no kernel image" in refused.log_tail and "exited with code" in refused.status_detail
-    assert "not healthy after 4s" in cells[cells.commit == "slow"].iloc[0].status_detail
+    assert "not healthy after 15s" in cells[cells.commit == "slow"].iloc[0].status_detail
     assert "no wheel for this commit" in cells[cells.commit == "broken"].iloc[0].status_detail
 
     ok = samples[samples.commit.isin(["good", "flaky"])]
