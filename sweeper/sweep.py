@@ -26,7 +26,7 @@ from sweeper.errors import ConfigError, GitError, Interrupted, StoreError, Sweep
 from sweeper.executor import Executor, ExecutorFactory, choose
 from sweeper.explain import explain
 from sweeper.install import kind_of
-from sweeper.levels import axes_map, units
+from sweeper.levels import axes_map, level, units
 from sweeper.matrix import (
     AdaptiveSpec,
     Cell,
@@ -172,6 +172,10 @@ class ZoomOptions:
     # (a prefix of them, or none: the zoom stops, "budget spent"). None runs them all.
     afford: Afford | None = None
     on_phase: Callable[[PhaseRecord], None] | None = None  # told of each zoom phase before it runs
+    # Samples and cells stored elsewhere (a triage's bisect at the commit swept, its commit named as
+    # the matrix names it) that join the run's own whenever the zoom explains: servers that already
+    # ran there are evidence, not servers the zoom has to start again to tell candidates apart.
+    evidence: tuple[pd.DataFrame, pd.DataFrame] | None = None
 
 
 @dataclass
@@ -432,12 +436,16 @@ def _zoom(plan: Plan, run: RunDir, ex: Executor, outcome: RunOutcome, options: Z
     seed = plan.design.spec.seed
     why = "every failure mode settled"
     while True:
-        cells = analysis.load_cells(run)
-        found = explain(analysis.load_samples(run), cells, suite=plan.suite, commit_order=plan.commit_order,
-                        alpha=options.alpha)
+        cells, samples = analysis.load_cells(run), analysis.load_samples(run)
+        if options.evidence is not None:
+            samples = pd.concat([samples, options.evidence[0]], ignore_index=True)
+            every = pd.concat([cells, options.evidence[1]], ignore_index=True)
+        found = explain(samples, every if options.evidence is not None else cells, suite=plan.suite,
+                        commit_order=plan.commit_order, alpha=options.alpha)
         depth = sum(1 for p in outcome.phases if p.kind == "zoom")
         step = zoom.step(found.modes, groups, run.done_groups(), seed=seed + len(outcome.phases),
-                         starts=options.starts, depth=depth, observed=ran_levels(cells))
+                         starts=options.starts, depth=depth, observed=ran_levels(cells),
+                         elsewhere=cell_levels(options.evidence[1]) if options.evidence is not None else None)
         outcome.zoom = step
         if step.done:
             if any(m.status is zoom.Status.EXHAUSTED for m in step.modes):
@@ -461,6 +469,15 @@ def _zoom(plan: Plan, run: RunDir, ex: Executor, outcome: RunOutcome, options: Z
         _run_jobs(ex, run, jobs_for(plan, run, cache_dir, chosen), outcome, on_group)
     outcome.zoom_summary = zoom_summary(outcome.zoom, why)
     _record_phases(run, outcome.phases, outcome.zoom_summary)
+
+
+def cell_levels(cells: pd.DataFrame) -> dict[str, dict[str, str | None]]:
+    """Each cell's requested server levels, as the zoom spells a server's (`zoom.levels_of`)."""
+    out = {}
+    for cid, raw in zip(cells["cell_id"], cells["axes"], strict=True):
+        values = axes_map(raw)
+        out[str(cid)] = {a: level(values, a) for a in values if not a.startswith("request.")}
+    return out
 
 
 def ran_levels(cells: pd.DataFrame) -> dict[str, dict[str, str | None]]:

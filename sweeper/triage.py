@@ -192,10 +192,12 @@ class Triage:
 
     # ---- the sweeps -----------------------------------------------------------------------------
 
-    def sweep(self, name: str, cut: Slice, design_spec: DesignSpec, *, zoom: bool = True) -> RunDir | None:
+    def sweep(self, name: str, cut: Slice, design_spec: DesignSpec, *, zoom: bool = True,
+              evidence: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> RunDir | None:
         """The sweep phase `name` over `cut` of the matrix: run (or resumed, or read back when done).
         `zoom`: after a covering design that leaves servers out, zoom phases settle each mode's
-        conjunction (`sweeper.zoom`), each within what the budget leaves."""
+        conjunction (`sweeper.zoom`), each within what the budget leaves; `evidence`: samples and
+        cells from outside the run (the bisect's there) that the zoom's explanations read too."""
         phase = self.record.add_phase(Phase(name, "sweep", name))
         if phase.status == "done":
             return open_run(self.phases, phase.run_id, create=False)
@@ -216,7 +218,7 @@ class Triage:
                              # mode its runner term at bad (the MTP V1 cells stopped clean after a few
                              # budget samples: "spec_method=mtp" alone was named), with as many starts.
                              adaptive=False,
-                             zoom_options=ZoomOptions(enabled=zoom, afford=self._afford(plan)))
+                             zoom_options=ZoomOptions(enabled=zoom, afford=self._afford(plan), evidence=evidence))
         phase.status, phase.gpu_s, phase.starts = "done", gpu_seconds_of(outcome.run), starts_of(outcome.run)
         self.save()
         return outcome.run
@@ -414,7 +416,8 @@ def _flow(t: Triage) -> TriageOutcome:
     summary = t.bisect(cells, plan) if cells else None
     # Modes the bisect saw come and go inside the range: explained on the matrix at the commit that
     # brought them. The servers the bisect already started there are not started again: their
-    # samples join the sweep's in the explanation (and the report reads their logs where they are).
+    # samples join the sweep's in its zoom's explanations and the report's (which reads their logs
+    # where they are).
     extra: dict[str, triage_report.AtCommit] = {}
     bisect_run = open_run(t.phases, "bisect", create=False) if summary is not None else None
     for mode, change in triage_report.fixed_in_range(summary, {m.mode for m in at_bad}).items():
@@ -435,7 +438,7 @@ def _flow(t: Triage) -> TriageOutcome:
         # the mode's candidate conjunctions apart, explain it for fewer starts than the product.
         design_spec = t.design.model_copy(update={"kind": "covering", "strength": 1}) if reused is not None \
             else t.design
-        run = t.sweep(f"at-{sha[:10]}", cut, design_spec)
+        run = t.sweep(f"at-{sha[:10]}", cut, design_spec, evidence=reused)
         if run is not None:
             extra[mode] = triage_report.AtCommit(run, *(reused or (None, None)))
     return _finish(t, runs, summary, extra, chosen, at_ends)

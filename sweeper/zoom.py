@@ -224,11 +224,14 @@ def _meets(levels: Mapping[str, str | None], hold: Terms, off: Terms, commits: S
 
 def step(explained: Sequence[ModeExplanation], groups: Sequence[ServerGroup], ran: Iterable[str], *,
          seed: int = 0, starts: int = STARTS, depth: int = 0,
-         observed: Mapping[str, Mapping[str, str | None]] | None = None) -> Step:
+         observed: Mapping[str, Mapping[str, str | None]] | None = None,
+         elsewhere: Mapping[str, Mapping[str, str | None]] | None = None) -> Step:
     """The next phase's servers, from the modes explained so far. `groups`: every server of the
     matrix; `ran`: the group ids already run (every phase); `depth`: zoom phases run so far (a mode
     explain cannot yet settle asks for `starts + depth` servers per need); `observed`: the levels
-    that ran on servers already run, by group id, where they differ from what was asked."""
+    that ran on servers already run, by group id, where they differ from what was asked; `elsewhere`:
+    the levels of cells the explanation read that are none of `groups` (samples from another run),
+    by cell id, so that a too-broad conjunction's refinements are drawn from every failing cell."""
     done = set(ran)
     by_id = {g.group_id: g for g in groups}
     levels = predicted({g.group_id: levels_of(g) for g in groups}, done, observed or {})
@@ -237,7 +240,7 @@ def step(explained: Sequence[ModeExplanation], groups: Sequence[ServerGroup], ra
     demand: dict[Need, int] = {}
     tests: dict[Need, tuple[Terms, Terms, tuple[str, ...]]] = {}
     states: list[tuple[ModeExplanation, tuple[Candidate, ...], list[Need]]] = []
-    by_cell = {c.cell_id: levels[g.group_id] for g in groups for c in g.cells}
+    by_cell = {**(elsewhere or {}), **{c.cell_id: levels[g.group_id] for g in groups for c in g.cells}}
 
     def met(test: Test) -> int:
         return sum(1 for gid in run_ids if _meets(levels[gid], *test))

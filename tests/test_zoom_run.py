@@ -16,6 +16,7 @@ from sweeper.design import choose
 from sweeper.executor import choose as executor
 from sweeper.explain import Verdict
 from sweeper.matrix import DesignSpec, load_matrix
+from sweeper.matrix_slice import Slice
 from sweeper.records import PhaseRecord, SweepManifest, from_json, phases_of
 from sweeper.store import RunDir
 from sweeper.sweep import ZoomOptions, run_matrix
@@ -108,3 +109,51 @@ def test_no_zoom_stops_after_the_design(flag: str, tmp_path: Path, tiny_suite: P
     assert starts_in_logs(run) == len(design.groups)
     assert set(analysis.load_cells(run).cell_id) == {c.cell_id for c in design.cells}
     assert "zoom stopped" not in out
+
+
+@pytest.mark.full  # three runs of real servers
+def test_servers_run_elsewhere_are_evidence_the_zoom_reads(tmp_path: Path, tiny_suite: Path) -> None:
+    """As a triage's sweep at a commit does with its bisect's servers there: the run's cut leaves
+    servers out and hands the zoom their samples. On the cut, the attention backend and the dtype vary
+    together, so a bug on the backend cannot be told from one on the dtype by any server the run
+    may start; with the samples of the servers left out (the backend without the dtype) it is
+    identified, and without them the zoom ends with no informative server left."""
+    repo = tmp_path / "vllm"
+    make_sim_repo(repo, [("main", {"bugs": [{"id": "fsm", "effect": "fsm_whitespace", "rate": 1.0,
+                                             "when": {"attention_backend": "TRITON_ATTN"}}]})])
+    path = tmp_path / "m.yaml"
+    path.write_text(f"""name: e
+model: Qwen/Qwen3-8B
+suite: {tiny_suite}
+install: {{kind: sim, repo: {repo}}}
+concurrency: 4
+timeouts: {{startup_s: 30, request_s: 10}}
+axes:
+  commit: [main]
+  attention_backend: [FLASH_ATTN, TRITON_ATTN]
+  serve.--dtype: [bfloat16, float16]
+  serve.--enforce-eager: [true, false]
+  env.VLLM_ENFORCE_STRICT_TOOL_CALLING: ["0", "1"]
+""")
+    runs = tmp_path / "runs"
+    first = run_matrix(path, runs_dir=runs, run_id="first", executor=executor("local"), cache_dir=tmp_path / "cache",
+                       design_spec=DesignSpec(kind="full")).run
+    cells, samples = analysis.load_cells(first), analysis.load_samples(first)
+    axes = {str(c): {k: json.loads(v) for k, v in a} for c, a in zip(cells["cell_id"], cells["axes"], strict=True)}
+    elsewhere = [c for c, a in axes.items() if (a["attention_backend"], a["serve.--dtype"]) == ("TRITON_ATTN", "bfloat16")]
+    together = {c for c, a in axes.items() if (a["attention_backend"], a["serve.--dtype"]) in
+                {("FLASH_ATTN", "bfloat16"), ("TRITON_ATTN", "float16")}}
+    assert len(elsewhere) == 4 and len(together) == 8
+    evidence = (samples[samples["cell_id"].isin(elsewhere)].reset_index(drop=True),
+                cells[cells["cell_id"].isin(elsewhere)].reset_index(drop=True))
+    cut = Slice(settings=frozenset(str(k) for c, k in zip(cells["cell_id"], cells["settings_key"], strict=True)
+                                   if c in together))
+    summaries = {}
+    for name, given in (("with", evidence), ("without", None)):
+        out = run_matrix(path, runs_dir=runs, run_id=name, executor=executor("local"), cache_dir=tmp_path / "cache",
+                         design_spec=DesignSpec(kind="covering", strength=1), cut=cut,
+                         zoom_options=ZoomOptions(evidence=given))
+        assert starts_in_logs(out.run) <= 8  # never a server out of the cut
+        summaries[name] = out.zoom_summary or ""
+    assert "identified (attention_backend=TRITON_ATTN)" in summaries["with"], summaries
+    assert "no informative servers left" in summaries["without"], summaries
