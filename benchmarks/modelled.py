@@ -6,7 +6,9 @@ with servers; only what a group's server would answer is computed here. Per grou
 start): the effective traits of its cell as the simulator derives them (the V2 model runner falls
 back to V1 under ngram; every other trait as asked), each declared bug whose `when` the traits meet
 bites each request with its rate, or with a rate drawn for this start from Beta(mean rate, sd
-rate_sd), and a bitten request fails the checks the simulator's `fsm_whitespace` fails. The group's
+rate_sd), and a bitten request fails the checks the simulator's `fsm_whitespace` fails. A job with an
+adaptive rule (`--adaptive`) sends its cells' requests as the runner does: in the interleaved
+order, in rounds, each cell stopping once the product's rule settles it. The group's
 server log is one start-up banner and one line per bitten request, so starts are counted from logs
 in the same way as for the simulator's. `benchmarks/zoom.py --real` runs the simulator's own
 servers instead (the local executor), to check this model against it.
@@ -24,8 +26,9 @@ from typing import Any, Self
 
 import yaml
 
+from sweeper import sequential
 from sweeper.matrix import Cell, canonical
-from sweeper.runner import GroupJob, GroupResult, Status
+from sweeper.runner import GroupJob, GroupResult, Status, adaptive_rule
 from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, table
 from sweeper.suite import expand
 
@@ -115,21 +118,35 @@ class Modelled:
                 "suite": job.suite.name, "suite_digest": job.suite.digest,
             }
             rows = []
-            for case, r in expand(job.suite, job.spec.repeats):
+            pairs = [(case.case_id, r) for case, r in expand(job.suite, job.spec.repeats)]
+            rule = adaptive_rule(job)
+            stop: sequential.Stop | None = None
+            if rule is not None:
+                # As the runner replays an adaptive cell: the interleaved order (its seed is the cell's),
+                # the rule asked after each round of `rule.round` samples.
+                pairs = sequential.interleave(pairs, zlib.crc32(cell.cell_id.encode()))
+            for i, (case_id, r) in enumerate(pairs):
+                if rule is not None and i and i % rule.round == 0:
+                    stop = rule.decide(sum(not s["passed"] for s in rows), len(rows))
+                    if stop is not None:
+                        break
                 failed = any(self.rng.random() < rate for rate in rates)
-                rid = f"{cell.cell_id}-{case.case_id}-{r}"
+                rid = f"{cell.cell_id}-{case_id}-{r}"
                 if failed:
                     log.append(f"ERROR [backend_xgrammar.py:160] Failed to advance FSM for request {rid}")
-                rows.append({**common, "case_id": case.case_id, "repeat": r, "request_id": rid, "passed": not failed,
+                rows.append({**common, "case_id": case_id, "repeat": r, "request_id": rid, "passed": not failed,
                              "failed_checks": list(FAILED) if failed else [], "check_details": [],
                              "finish_reason": "length" if failed else "stop", "http_status": 200,
                              "latency_s": 0.5})
+            if rule is not None and stop is None:
+                stop = rule.decide(sum(not s["passed"] for s in rows), len(rows)) or sequential.Stop.EXHAUSTED
             samples += rows
             n_failed = sum(not s["passed"] for s in rows)
             differs = ["model_runner"] if str(cell.values.get("env.VLLM_USE_V2_MODEL_RUNNER")) == "1" \
                 and got["model_runner"] == "V1" else []
             cells.append({**common, "status": Status.OK.value, "n_samples": len(rows), "n_failed": n_failed,
                           "failure_rate": n_failed / len(rows) if rows else None, "server_starts": 1,
+                          "samples_planned": len(pairs), "stop_reason": stop.value if stop is not None else None,
                           "effective_model_runner": got["model_runner"],
                           "effective_spec_method": str(cell.values.get("spec_method", "none")),
                           "effective_differs": differs, "vllm_version": "0.33.0"})

@@ -44,7 +44,7 @@ RUNNER = "env.VLLM_USE_V2_MODEL_RUNNER"
 
 SUITE = """name: bench
 defaults:
-  repeat: 4
+  repeat: {repeat}
   body: {max_tokens: 64, temperature: 0}
   checks: [http_ok, {finish_reason: {expected: [stop, tool_calls]}}, json_schema, no_whitespace_tail,
            {log_absent: {pattern: "Failed to advance FSM"}}]
@@ -120,8 +120,9 @@ def draw(family: str, seed: int) -> History:
     return History(family, seed, {a: list(pool[a][0]) for a in names}, truth, bug, effective, flaky)
 
 
-def write(history: History, folder: Path) -> Path:
-    """The history's simulator repository, suite and matrix under `folder`; the matrix's path."""
+def write(history: History, folder: Path, repeat: int = 4) -> Path:
+    """The history's simulator repository, suite (its two cases `repeat` times each) and matrix under
+    `folder`; the matrix's path."""
     repo = folder / "vllm"
     repo.mkdir(parents=True, exist_ok=True)
     sim = {"version": "0.33.0", "startup_s": 0.1, "token_latency_s": 0.0002, "bugs": [history.bug]}
@@ -129,7 +130,7 @@ def write(history: History, folder: Path) -> Path:
     for argv in (["init", "-q", "-b", "main"], ["add", "."],
                  ["-c", "user.name=bench", "-c", "user.email=bench@example.com", "commit", "-q", "-m", "planted"]):
         subprocess.run(["git", *argv], cwd=repo, check=True, capture_output=True)
-    (folder / "suite.yaml").write_text(SUITE)
+    (folder / "suite.yaml").write_text(SUITE.replace("{repeat}", str(repeat)))
     matrix = {
         "name": f"{history.family}-{history.seed}", "model": "Qwen/Qwen3-8B", "suite": "suite.yaml",
         "install": {"kind": "sim", "repo": str(repo)}, "concurrency": 8,

@@ -2,10 +2,14 @@
 
     nice -n 19 .venv/bin/python benchmarks/zoom.py --seeds 50 --procs 2 --json /tmp/zoom-bench.json
     .venv/bin/python benchmarks/zoom.py --seeds 2 --families 6ax-2t --real   # the simulator's servers
+    .venv/bin/python benchmarks/zoom.py --seeds 20 --procs 2 --repeat 50 --arms full,zoom,adaptive
 
 Each history (`benchmarks/planted.py`: one conjunction of 1-3 terms over 6 or 8 server axes) is run
-three times, each a real `sweep matrix` run into its own run folder: the full product, a covering
-design of strength 3 without the zoom, and the same design with the zoom. Servers are modelled in
+once per arm, each a real `sweep matrix` run into its own run folder: the full product (`full`), a
+covering design of strength 3 without the zoom (`covering`), the same design with the zoom (`zoom`),
+and the zoom with cells that stop when settled (`adaptive`: `--adaptive`, its default rule). The
+suite is two cases `--repeat` times each (4: 8 requests a cell, fewer than the 32 clean samples that
+settle an adaptive cell; the adaptive arm wants a suite of the demo's length). Servers are modelled in
 process (`benchmarks/modelled.py`) unless `--real` starts the simulator's own servers (the local
 executor). Per run: server starts counted from its server logs, requests counted from its samples,
 GPU-hours modelled under the profile below, and the explanation over every phase (`sweep report
@@ -39,7 +43,7 @@ from sweeper.sweep import ZoomOptions, run_matrix
 
 # The GPU profile the GPU-hours are modelled under (the example for a large model).
 START_S, INSTALL_S, REQUEST_S = 240.0, 90.0, 1.0
-ARMS = ("full", "covering", "zoom")
+ARMS = ("full", "covering", "zoom", "adaptive")
 
 
 def starts_in_logs(run: RunDir) -> int:
@@ -53,19 +57,19 @@ def named(run: RunDir) -> list[list[str]] | None:
     return sorted(out) or None
 
 
-def one(task: tuple[str, int, bool]) -> dict[str, Any]:
-    family, seed, real = task
+def one(task: tuple[str, int, bool, int, tuple[str, ...]]) -> dict[str, Any]:
+    family, seed, real, repeat, arms = task
     history = planted.draw(family, seed)
     # On tmpfs where there is one: the store fsyncs every file, which is not what is measured here.
     shm = Path("/dev/shm")
     folder = Path(tempfile.mkdtemp(prefix="zoom-bench-", dir=shm if shm.is_dir() else None))
     os.environ["SWEEP_CACHE"] = str(folder / "cache")
     try:
-        matrix = planted.write(history, folder)
+        matrix = planted.write(history, folder, repeat)
         row: dict[str, Any] = {"family": family, "seed": seed, "effective": history.effective,
                                "flaky": history.flaky, "rate": history.bug["rate"],
                                "truth": sorted(f"{a}={v}" for a, v in history.truth)}
-        for arm in ARMS:
+        for arm in arms:
             t0 = time.monotonic()
             spec = DesignSpec(kind="full") if arm == "full" else DesignSpec(kind="covering", strength=3, seed=seed)
             if real:
@@ -77,7 +81,8 @@ def one(task: tuple[str, int, bool]) -> dict[str, Any]:
                     return Modelled(s)
             outcome = run_matrix(matrix, runs_dir=folder / "runs", run_id=arm, executor=factory,
                                  cache_dir=folder / "cache", design_spec=spec,
-                                 zoom_options=ZoomOptions(enabled=arm == "zoom"))
+                                 zoom_options=ZoomOptions(enabled=arm in ("zoom", "adaptive")),
+                                 adaptive=arm == "adaptive")
             run = outcome.run
             starts = starts_in_logs(run)
             requests = len(analysis.load_table(run, "samples", ["cell_id"]))
@@ -86,17 +91,23 @@ def one(task: tuple[str, int, bool]) -> dict[str, Any]:
             row[arm] = {"starts": starts, "requests": requests, "phases": len(outcome.phases),
                         "gpu_h": (starts * START_S + installs * INSTALL_S + requests * REQUEST_S) / 3600,
                         "named": names, "exact": names == [row["truth"]], "s": round(time.monotonic() - t0, 2)}
-        row["same"] = row["zoom"]["named"] == row["full"]["named"]
+        for arm in ("zoom", "adaptive"):
+            if arm in row and "full" in row:
+                row["same" if arm == "zoom" else "same_adaptive"] = row[arm]["named"] == row["full"]["named"]
         return row
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    out = [("| family | histories | starts full / covering / zoom | fewer starts (full ÷ zoom) | requests full / "
-            "covering / zoom | GPU-h full / covering / zoom | named exactly full / covering / zoom | zoom names "
-            "what full names |"),
-           "|---|---|---|---|---|---|---|---|"]
+    arms = [a for a in ARMS if all(a in r for r in rows)]
+    names = " / ".join(arms)
+    head = [f"| family | histories | starts {names} |"]
+    if {"full", "zoom"} <= set(arms):
+        head.append(" fewer starts (full ÷ zoom) |")
+    head.append(f" requests {names} | GPU-h {names} | named exactly {names} |")
+    head += [f" {a} names what full names |" for a in ("zoom", "adaptive") if {"full", a} <= set(arms)]
+    out = ["".join(head), "|---" * ("".join(head).count("|") - 1) + "|"]
     for family in sorted({r["family"] for r in rows}):
         rs = [r for r in rows if r["family"] == family]
 
@@ -106,13 +117,14 @@ def table(rows: list[dict[str, Any]]) -> str:
         def share(arm: str, rs: list[dict[str, Any]] = rs) -> str:
             return f"{100 * sum(r[arm]['exact'] for r in rs) / len(rs):.0f} %"
 
-        ratio = mean("full", "starts") / mean("zoom", "starts")
-        out.append(f"| {family} | {len(rs)} | {mean('full', 'starts'):.0f} / {mean('covering', 'starts'):.1f} / "
-                   f"{mean('zoom', 'starts'):.1f} | {ratio:.1f}× | {mean('full', 'requests'):.0f} / "
-                   f"{mean('covering', 'requests'):.0f} / {mean('zoom', 'requests'):.0f} | "
-                   f"{mean('full', 'gpu_h'):.2f} / {mean('covering', 'gpu_h'):.2f} / {mean('zoom', 'gpu_h'):.2f} | "
-                   f"{share('full')} / {share('covering')} / {share('zoom')} | "
-                   f"{100 * sum(r['same'] for r in rs) / len(rs):.0f} % |")
+        cols = [family, str(len(rs)), " / ".join(f"{mean(a, 'starts'):.1f}" for a in arms)]
+        if {"full", "zoom"} <= set(arms):
+            cols.append(f"{mean('full', 'starts') / mean('zoom', 'starts'):.1f}×")
+        cols += [" / ".join(f"{mean(a, 'requests'):.0f}" for a in arms),
+                 " / ".join(f"{mean(a, 'gpu_h'):.2f}" for a in arms), " / ".join(share(a) for a in arms)]
+        cols += [f"{100 * sum(r[k] for r in rs) / len(rs):.0f} %" for a, k in (("zoom", "same"), ("adaptive", "same_adaptive"))
+                 if {"full", a} <= set(arms)]
+        out.append("| " + " | ".join(cols) + " |")
     return "\n".join(out)
 
 
@@ -123,6 +135,8 @@ def main() -> None:
     parser.add_argument("--families", default=",".join(planted.FAMILIES))
     parser.add_argument("--procs", type=int, default=1, help="at most 2 on a shared machine")
     parser.add_argument("--real", action="store_true", help="the simulator's own servers (slow)")
+    parser.add_argument("--repeat", type=int, default=4, help="each of the suite's two cases this many times")
+    parser.add_argument("--arms", default="full,covering,zoom", help=f"a subset of {','.join(ARMS)}")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--table", type=Path, help="only print the table of a file of rows (one JSON a line, "
                                                     "what a run prints on stderr)")
@@ -133,7 +147,8 @@ def main() -> None:
         print(f"\n{len(rows)} histories")
         return
     # Seed-major: a run cut short has every family at nearly the same count.
-    tasks = [(f, s, args.real) for s in range(args.first_seed, args.first_seed + args.seeds)
+    arms = tuple(a for a in ARMS if a in args.arms.split(","))
+    tasks = [(f, s, args.real, args.repeat, arms) for s in range(args.first_seed, args.first_seed + args.seeds)
              for f in args.families.split(",")]
     t0 = time.monotonic()
     rows: list[dict[str, Any]] = []
@@ -149,7 +164,7 @@ def main() -> None:
     print(table(rows))
     print(f"\n{len(rows)} histories in {time.monotonic() - t0:.0f} s "
           f"({'simulator servers' if args.real else 'modelled servers'}); GPU profile: {START_S:g} s per start, "
-          f"{INSTALL_S:g} s per install, {REQUEST_S:g} s per request")
+          f"{INSTALL_S:g} s per install, {REQUEST_S:g} s per request; {2 * args.repeat} requests a cell")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 
