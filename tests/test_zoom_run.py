@@ -121,20 +121,7 @@ def test_servers_run_elsewhere_are_evidence_the_zoom_reads(tmp_path: Path, tiny_
     repo = tmp_path / "vllm"
     make_sim_repo(repo, [("main", {"bugs": [{"id": "fsm", "effect": "fsm_whitespace", "rate": 1.0,
                                              "when": {"attention_backend": "TRITON_ATTN"}}]})])
-    path = tmp_path / "m.yaml"
-    path.write_text(f"""name: e
-model: Qwen/Qwen3-8B
-suite: {tiny_suite}
-install: {{kind: sim, repo: {repo}}}
-concurrency: 4
-timeouts: {{startup_s: 30, request_s: 10}}
-axes:
-  commit: [main]
-  attention_backend: [FLASH_ATTN, TRITON_ATTN]
-  serve.--dtype: [bfloat16, float16]
-  serve.--enforce-eager: [true, false]
-  env.VLLM_ENFORCE_STRICT_TOOL_CALLING: ["0", "1"]
-""")
+    path = matrix_file(tmp_path, tiny_suite, repo)  # its design is given below
     runs = tmp_path / "runs"
     first = run_matrix(path, runs_dir=runs, run_id="first", executor=executor("local"), cache_dir=tmp_path / "cache",
                        design_spec=DesignSpec(kind="full")).run
