@@ -121,16 +121,18 @@ class Modelled:
             pairs = [(case.case_id, r) for case, r in expand(job.suite, job.spec.repeats)]
             rule = adaptive_rule(job)
             stop: sequential.Stop | None = None
+            n_failed = 0
             if rule is not None:
                 # As the runner replays an adaptive cell: the interleaved order (its seed is the cell's),
                 # the rule asked after each round of `rule.round` samples.
                 pairs = sequential.interleave(pairs, zlib.crc32(cell.cell_id.encode()))
             for i, (case_id, r) in enumerate(pairs):
                 if rule is not None and i and i % rule.round == 0:
-                    stop = rule.decide(sum(not s["passed"] for s in rows), len(rows))
+                    stop = rule.decide(n_failed, len(rows))
                     if stop is not None:
                         break
                 failed = any(self.rng.random() < rate for rate in rates)
+                n_failed += failed
                 rid = f"{cell.cell_id}-{case_id}-{r}"
                 if failed:
                     log.append(f"ERROR [backend_xgrammar.py:160] Failed to advance FSM for request {rid}")
@@ -139,9 +141,8 @@ class Modelled:
                              "finish_reason": "length" if failed else "stop", "http_status": 200,
                              "latency_s": 0.5})
             if rule is not None and stop is None:
-                stop = rule.decide(sum(not s["passed"] for s in rows), len(rows)) or sequential.Stop.EXHAUSTED
+                stop = rule.decide(n_failed, len(rows)) or sequential.Stop.EXHAUSTED
             samples += rows
-            n_failed = sum(not s["passed"] for s in rows)
             differs = ["model_runner"] if str(cell.values.get("env.VLLM_USE_V2_MODEL_RUNNER")) == "1" \
                 and got["model_runner"] == "V1" else []
             cells.append({**common, "status": Status.OK.value, "n_samples": len(rows), "n_failed": n_failed,

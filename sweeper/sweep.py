@@ -26,7 +26,7 @@ from sweeper.errors import ConfigError, GitError, Interrupted, StoreError, Sweep
 from sweeper.executor import Executor, ExecutorFactory, choose
 from sweeper.explain import explain
 from sweeper.install import kind_of
-from sweeper.levels import axes_map, level, units
+from sweeper.levels import axes_map, units
 from sweeper.matrix import (
     AdaptiveSpec,
     Cell,
@@ -435,17 +435,20 @@ def _zoom(plan: Plan, run: RunDir, ex: Executor, outcome: RunOutcome, options: Z
     groups = plan.matrix.groups()
     seed = plan.design.spec.seed
     why = "every failure mode settled"
+    elsewhere = None if options.evidence is None else \
+        {str(c): zoom.server_levels(axes_map(a)) for c, a in zip(options.evidence[1]["cell_id"],
+                                                                 options.evidence[1]["axes"], strict=True)}
     while True:
         cells, samples = analysis.load_cells(run), analysis.load_samples(run)
+        read = cells
         if options.evidence is not None:
             samples = pd.concat([samples, options.evidence[0]], ignore_index=True)
-            every = pd.concat([cells, options.evidence[1]], ignore_index=True)
-        found = explain(samples, every if options.evidence is not None else cells, suite=plan.suite,
-                        commit_order=plan.commit_order, alpha=options.alpha)
+            read = pd.concat([cells, options.evidence[1]], ignore_index=True)
+        found = explain(samples, read, suite=plan.suite, commit_order=plan.commit_order, alpha=options.alpha)
         depth = sum(1 for p in outcome.phases if p.kind == "zoom")
         step = zoom.step(found.modes, groups, run.done_groups(), seed=seed + len(outcome.phases),
                          starts=options.starts, depth=depth, observed=ran_levels(cells),
-                         elsewhere=cell_levels(options.evidence[1]) if options.evidence is not None else None)
+                         elsewhere=elsewhere)
         outcome.zoom = step
         if step.done:
             if any(m.status is zoom.Status.EXHAUSTED for m in step.modes):
@@ -469,15 +472,6 @@ def _zoom(plan: Plan, run: RunDir, ex: Executor, outcome: RunOutcome, options: Z
         _run_jobs(ex, run, jobs_for(plan, run, cache_dir, chosen), outcome, on_group)
     outcome.zoom_summary = zoom_summary(outcome.zoom, why)
     _record_phases(run, outcome.phases, outcome.zoom_summary)
-
-
-def cell_levels(cells: pd.DataFrame) -> dict[str, dict[str, str | None]]:
-    """Each cell's requested server levels, as the zoom spells a server's (`zoom.levels_of`)."""
-    out = {}
-    for cid, raw in zip(cells["cell_id"], cells["axes"], strict=True):
-        values = axes_map(raw)
-        out[str(cid)] = {a: level(values, a) for a in values if not a.startswith("request.")}
-    return out
 
 
 def ran_levels(cells: pd.DataFrame) -> dict[str, dict[str, str | None]]:

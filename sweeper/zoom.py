@@ -41,6 +41,7 @@ import enum
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sweeper.explain import ModeExplanation, Verdict
 from sweeper.levels import COMMIT, EFFECTIVE_SUFFIX, level
@@ -112,7 +113,11 @@ def candidates(mode: ModeExplanation, levels: Mapping[str, Mapping[str, str | No
 
 def levels_of(group: ServerGroup) -> dict[str, str | None]:
     """A server's requested level on each of its axes, as explain spells levels."""
-    values = group.head.values
+    return server_levels(group.head.values)
+
+
+def server_levels(values: Mapping[str, Any]) -> dict[str, str | None]:
+    """The server levels of a cell whose axis values are `values` (its request fields left out)."""
     return {axis: level(values, axis) for axis in values if not axis.startswith("request.")}
 
 
