@@ -293,6 +293,33 @@ def _bar(by: dict, families: list[str], ks: tuple[int, ...]) -> None:
                 print(f"\n{fam}, K={k}: rise and its fix both found in {np.mean(both):.1%} ({sum(both)}/{len(rows)})")
 
 
+def _per_found(r: dict) -> float | None:
+    """GPU-seconds of a search per true change it found at ≥ 0.99 (None: it found none)."""
+    found = sum(_covered(t, r["changes"]) for t in r["truth"])
+    return gpu_s(r) / found if found else None
+
+
+def _paired_cost(by: dict, cby: dict, families: list[str], ks: tuple[int, ...]) -> None:
+    """GPU-seconds per change found, now against the earlier run, on the histories where the earlier
+    run found a change (the issue's bar: the median now at most 1.5x the earlier one there)."""
+    print("\n### GPU-seconds per change found, where the earlier run found one (paired histories)\n")
+    print("| family | K | histories | earlier median | now median | ratio | now found none there |")
+    print("|---|---|---|---|---|---|---|")
+    for fam in families:
+        for k in ks:
+            now = {r["i"]: r for r in by.get((fam, k), [])}
+            pairs = [(_per_found(o), _per_found(now[o["i"]])) for o in cby.get((fam, k), [])
+                     if o["i"] in now and _per_found(o) is not None]
+            if not pairs:
+                continue
+            before = float(np.median([b for b, _ in pairs]))
+            # A history the earlier run found a change in and this one found none costs "infinitely".
+            found = [a for _, a in pairs if a is not None]
+            after = float(np.median([math.inf if a is None else a for _, a in pairs]))
+            print(f"| {fam} | {k} | {len(pairs)} | {before:,.0f} | {after:,.0f} | {after / before:.2f}x | "
+                  f"{len(pairs) - len(found)} |")
+
+
 def report(results: list[dict], args: argparse.Namespace, elapsed: float, compare: list[dict] | None) -> None:
     ok = [r for r in results if "error" not in r]
     errors = [r for r in results if "error" in r]
@@ -419,6 +446,7 @@ def report(results: list[dict], args: argparse.Namespace, elapsed: float, compar
                 print(f"| {fam} | {k} | {r99.split(' [')[0]} / {_cov_str(*_coverage(old))} | "
                       f"{_cov_str(*_coverage(rows))} | {o[0]:.1f} / {o[1]:.1f} / {o[2]:,.0f} | "
                       f"{n_[0]:.1f} / {n_[1]:.1f} / {n_[2]:,.0f} |")
+        _paired_cost(by, cby, [*families, STEP_LINE], args.ks)
 
     if args.old:
         print("\n### Verdicts of the old search (all K)\n")

@@ -296,16 +296,20 @@ def small_step(rng: np.random.Generator) -> History:
 
 
 def three_changes(rng: np.random.Generator) -> History:
-    """One mode with three change points, each a 2-8x step up or down from the rate before."""
+    """One mode with three change points, each a 2-8x step up or down from the rate before, every
+    rate in 0.5-60 %: a step that would leave that range goes the other way. (Clamping it instead,
+    as this family first did, made steps of 1-2x, some from a rate to the same rate: no change at all.)"""
     n = max(40, _draw_n(rng))
     (mode,) = _modes(rng, 1)
     pos = _positions(rng, n, 3)
     rates = [_loguniform(rng, 0.01, 0.08)]
     for _ in pos:
         r = rates[-1]
-        up = rng.random() < 0.5 if r < 0.2 else False
         f = _loguniform(rng, 2.0, 8.0)
-        rates.append(min(0.6, r * f) if up else max(0.003, r / f))
+        up = bool(rng.random() < 0.5)
+        if (up and r * f > 0.6) or (not up and r / f < 0.005):
+            up = not up
+        rates.append(r * f if up else r / f)
     return History("three changes", n, {mode: tuple(zip([0, *pos], rates, strict=True))},
                    frozenset(_background_untestable(rng, n)),
                    params={"n": n, "at": tuple(pos), "rates": tuple(rates),

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -46,11 +48,25 @@ def _once(root: Path, name: str, make: Callable[[], RunDir]) -> RunDir:
 
 @pytest.fixture(scope="session")
 def demo_run(report_dirs: Path) -> RunDir:
-    """`matrices/demo.yaml` exactly as shipped, its history and environments in the run's tmp; run
-    by the in-process executor (tests/test_report_output.py checks that Ray gives the same results)."""
-    return _once(report_dirs, "demo", lambda: run_matrix(
-        ROOT / "matrices" / "demo.yaml", runs_dir=report_dirs / "runs", run_id="demo", executor=choose("local"),
-        cache_dir=report_dirs / "cache").run)
+    """`matrices/demo.yaml` exactly as shipped, its history and environments in the run's tmp; run as
+    `sweep matrix matrices/demo.yaml --executor local` is typed, its output piped (COLUMNS=100) and kept
+    for `demo_output` (tests/test_report_output.py checks that Ray gives the same results)."""
+    def make() -> RunDir:
+        env = {**os.environ, "COLUMNS": "100", "SWEEP_CACHE": str(report_dirs / "cache")}
+        env.pop("LINES", None)
+        proc = subprocess.run([sys.executable, "-m", "sweeper", "matrix", str(ROOT / "matrices" / "demo.yaml"),
+                               "--runs-dir", str(report_dirs / "runs"), "--run-id", "demo", "--executor", "local"],
+                              env=env, capture_output=True, text=True, timeout=900, check=False)
+        (report_dirs / "demo.out").write_text(json.dumps([proc.returncode, proc.stdout + proc.stderr]))
+        return RunDir(report_dirs / "runs" / "demo")
+    return _once(report_dirs, "demo", make)
+
+
+@pytest.fixture(scope="session")
+def demo_output(demo_run: RunDir, report_dirs: Path) -> tuple[int, str]:
+    """The exit code and the piped output (stdout, then stderr) of the command that made `demo_run`."""
+    code, text = json.loads((report_dirs / "demo.out").read_text())
+    return int(code), str(text)
 
 
 @pytest.fixture(scope="session")

@@ -289,17 +289,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DEMO_COMPARED = ["cell_id", "status", "n_samples", "n_failed", "failed_checks", "server_starts"]
 
 
-@pytest.mark.ray
-@pytest.mark.parametrize("terminal", [True, False], ids=["pty-ray", "pipe-local"])
-def test_the_demos_end_of_run_table_fits_100_columns(tmp_path: Path, terminal: bool, demo_run: RunDir) -> None:
-    """`sweep matrix matrices/demo.yaml` as a newcomer runs it: in a terminal (on the embedded Ray, whose
-    token notice is not shown) and piped (in-process); the same table as `sweep report` gives, and
-    the same cells as the shared demo run, which the in-process executor made."""
-    executor = [] if terminal else ["--executor", "local"]
-    # As a newcomer's shell has it: no RAY_AUTH_MODE (Ray then enables token authentication, and says so).
-    code, text = sweep("matrix", str(ROOT / "matrices" / "demo.yaml"), "--runs-dir", str(tmp_path / "runs"),
-                       "--run-id", "demo", *executor, env={"SWEEP_CACHE": str(tmp_path / "cache"), "RAY_ADDRESS": ""},
-                       terminal=terminal, unset=("RAY_AUTH_MODE",))
+def _demos_end_of_run_table(code: int, text: str, runs: Path, terminal: bool) -> None:
+    """The table `sweep matrix matrices/demo.yaml` ends with: 100 columns, failing cells first, each
+    block in history order, and the same rows as `sweep report` gives of that run."""
     assert code == 0, text[-3000:]
     assert "Token authentication" not in text
     table = text[text.index("run demo"):text.index("results:")]
@@ -312,14 +304,30 @@ def test_the_demos_end_of_run_table_fits_100_columns(tmp_path: Path, terminal: b
     for block in (failing, rows[len(failing):]):
         commits = [r[0] for r in block]
         assert commits == sorted(commits, key=COMMITS.index)  # history order, not by name
-    code, report = sweep("report", "demo", "--runs-dir", str(tmp_path / "runs"), terminal=terminal)
+    code, report = sweep("report", "demo", "--runs-dir", str(runs), terminal=terminal)
     assert code == 0 and rows_of(report) == rows
-    # Ray (or the CLI's own in-process run) and the shared in-process run: the same cells, statuses,
-    # failure counts and server starts.
+
+
+@pytest.mark.ray
+def test_the_demos_end_of_run_table_fits_100_columns_in_a_terminal_on_ray(tmp_path: Path, demo_run: RunDir) -> None:
+    """`sweep matrix matrices/demo.yaml` as a newcomer runs it, in a terminal, on the embedded Ray (whose
+    token notice is not shown): the same table, and the same cells as the shared demo run, which the
+    in-process executor made."""
+    # As a newcomer's shell has it: no RAY_AUTH_MODE (Ray then enables token authentication, and says so).
+    code, text = sweep("matrix", str(ROOT / "matrices" / "demo.yaml"), "--runs-dir", str(tmp_path / "runs"),
+                       "--run-id", "demo", env={"SWEEP_CACHE": str(tmp_path / "cache"), "RAY_ADDRESS": ""},
+                       terminal=True, unset=("RAY_AUTH_MODE",))
+    _demos_end_of_run_table(code, text, tmp_path / "runs", terminal=True)
+    # Ray and the shared in-process run: the same cells, statuses, failure counts and server starts.
     here, shared = (analysis.load_cells(r)[DEMO_COMPARED].sort_values("cell_id").reset_index(drop=True)
                     for r in (RunDir(tmp_path / "runs" / "demo"), demo_run))
     assert len(shared) == 48 and shared["n_failed"].sum() > 0
     assert here.astype(str).equals(shared.astype(str)), here.compare(shared)
+
+
+def test_the_demos_end_of_run_table_fits_100_columns_piped(demo_run: RunDir, demo_output: tuple[int, str]) -> None:
+    """The same demo, piped and in-process: the shared demo run is made by that very command."""
+    _demos_end_of_run_table(*demo_output, demo_run.root.parent, terminal=False)
 
 
 def test_a_bisect_of_one_start_a_round_says_so_in_the_singular(tmp_path: Path, tiny_suite: Path) -> None:

@@ -81,6 +81,47 @@ class Prior:
             log_w = np.log(w)
         return cls(rates, log_w, r, np.log(w_rho / w_rho.sum()), expected_changes)
 
+    def refined(self, failures: Sequence[int], samples: Sequence[int], *, max_points: int = 256) -> Prior:
+        """The same prior on a grid dense enough for these counts: extra rates between the lowest and
+        the highest rate the commits show, spaced at half the logit standard error of all samples
+        pooled (at most `max_points` of them), each weighted by the logit width it stands for.
+
+        A grid far coarser than the likelihood is a poor quadrature: a segment's marginal is then that
+        of the nearest grid rate, and pooled counts lying between two grid rates fit better split in two
+        (two segments, each nearer a rate of its own) than whole. With 10^5 samples of one constant rate
+        that gap was tens of log units, and a "change" was claimed at 0.9999 where none was."""
+        k = np.asarray(failures, dtype=np.float64)
+        n = np.asarray(samples, dtype=np.float64)
+        keep = n > 0
+        k, n = k[keep], n[keep]
+        positive = self.rates[self.rates > 0]
+        if n.size == 0 or positive.size < 2:
+            return self
+        x = np.log(positive / (1 - positive))
+        lo_x, hi_x = float(x[0]), float(x[-1])
+        step = float(np.max(np.diff(x)))
+        pooled = float(k.sum() / n.sum())
+        p = min(max(pooled, 1.0 / n.sum()), 1 - 1.0 / n.sum())
+        fine = 0.5 / math.sqrt(float(n.sum()) * p * (1 - p))
+        if fine >= step / 2:  # the likelihood is wider than the grid's step: the grid will do
+            return self
+        # Each commit's rate, pulled off 0 and 1 by half a failure, bounds the window.
+        r = np.clip((k + 0.5) / (n + 1.0), positive[0], positive[-1])
+        xr = np.log(r / (1 - r))
+        a, b = float(xr.min()) - step, float(xr.max()) + step
+        a, b = max(a, lo_x), min(b, hi_x)
+        count = min(max_points, math.ceil((b - a) / fine) + 1)
+        xs = np.union1d(x, np.linspace(a, b, count))
+        # Cell widths in logit (the midpoints between neighbours; the ends reach the prior's range).
+        mid = (xs[1:] + xs[:-1]) / 2
+        width = np.diff(np.concatenate([[lo_x - step / 2], mid, [hi_x + step / 2]]))
+        zero_w = math.exp(float(self.log_w[0])) if self.rates[0] == 0 else 0.0
+        w = (1 - zero_w) * width / width.sum()
+        rates = np.concatenate([[0.0], 1 / (1 + np.exp(-xs))])
+        with np.errstate(divide="ignore"):
+            log_w = np.log(np.concatenate([[zero_w], w]))
+        return Prior(rates, log_w, self.rhos, self.log_w_rho, self.expected_changes)
+
     def change_probability(self, n_positions: int) -> float:
         """Prior probability that one given position is a change point."""
         return min(0.5, self.expected_changes / max(1, n_positions))
@@ -164,16 +205,28 @@ def posterior(starts: Sequence[Start], n_positions: int, prior: Prior) -> ModePo
     points = sorted({s.index for s in starts})
     where = {x: i for i, x in enumerate(points)}
     n_pts = len(points)
+    # The quadrature of the rate prior, dense where these counts need it (`Prior.refined`).
+    per_commit_k = np.zeros(n_pts)
+    per_commit_n = np.zeros(n_pts)
+    for s in starts:
+        per_commit_k[where[s.index]] += s.failures
+        per_commit_n[where[s.index]] += s.samples
+    prior = prior.refined(per_commit_k.astype(int).tolist(), per_commit_n.astype(int).tolist())
     ll = start_loglik([s.failures for s in starts], [s.samples for s in starts], prior)
     per_point = np.zeros((n_pts, prior.rates.size, prior.rhos.size))
     np.add.at(per_point, [where[s.index] for s in starts], ll)
     cum = np.concatenate([np.zeros((1, *per_point.shape[1:])), np.cumsum(per_point, axis=0)])
-    # seg[a, b, rho] = log ∫ prior(r) Π_{points a..b} lik(r) dr, for a <= b.
-    body = cum[None, 1:, :, :] - cum[:-1, None, :, :]
-    # Split each segment's marginal into "rate exactly 0" and "rate > 0": a change must change the
-    # rate, and two neighbouring segments that both never fail are one segment, not a change.
-    seg = np.stack([body[:, :, 0, :] + prior.log_w[0],
-                    logsumexp(body[:, :, 1:, :] + prior.log_w[None, None, 1:, None], axis=2)], axis=2)
+    # seg[a, b, rho] = log ∫ prior(r) Π_{points a..b} lik(r) dr, for a <= b. Split into "rate exactly
+    # 0" and "rate > 0": a change must change the rate, and two neighbouring segments that both never
+    # fail are one segment, not a change. The positive rates are summed a block at a time: the whole
+    # (points, points, rates, rhos) array is hundreds of MB on a fine grid.
+    zero = cum[None, 1:, 0, :] - cum[:-1, None, 0, :] + prior.log_w[0]
+    positive = np.full((n_pts, n_pts, prior.rhos.size), -np.inf)
+    for g in range(1, prior.rates.size, 32):
+        block = (cum[None, 1:, g:g + 32, :] - cum[:-1, None, g:g + 32, :]
+                 + prior.log_w[None, None, g:g + 32, None])
+        positive = np.logaddexp(positive, logsumexp(block, axis=2))
+    seg = np.stack([zero, positive], axis=2)
     valid = np.triu(np.ones((n_pts, n_pts), dtype=bool))
     seg = np.where(valid[:, :, None, None], seg, -np.inf)  # (a, b, zero|positive, rho)
 
@@ -219,8 +272,11 @@ def posterior(starts: Sequence[Start], n_positions: int, prior: Prior) -> ModePo
         # Independent segment rates on a grid let one "change" land on the very rate it left: the
         # data cannot tell it from none, and it capped P(no change) near 1 - E[changes] / grid
         # points however many samples agreed. A single cut between equal rates counts as no change.
+        # The first segment ending at each point, and the last starting after it: (gaps, rates, rhos).
+        head = cum[1:-1, 1:, :] - cum[0, None, 1:, :]
+        tail = cum[-1, None, 1:, :] - cum[1:-1, 1:, :]
         with np.errstate(invalid="ignore"):
-            same = logsumexp(body[0, :-1, 1:, :] + body[1:, -1, 1:, :] + 2 * prior.log_w[None, 1:, None], axis=1)
+            same = logsumexp(head + tail + 2 * prior.log_w[None, 1:, None], axis=1)
         same = same + (log_q + float(cum_stay[-1]) - log_stay)[:, None] + prior.log_w_rho[None, :]
         same_gap = np.exp(same - log_joint_rho[None, :])  # (gaps, rhos), given rho
         given_rho = np.exp(per_gap - log_joint_rho[None, :]) - same_gap  # P(change in gap | rho)
