@@ -285,6 +285,12 @@ def _bar(by: dict, families: list[str], ks: tuple[int, ...]) -> None:
             both = [all(_covered(t, r["changes"]) for t in r["truth"]) for r in rows]
             if rows:
                 print(f"\nshort bumps of width ≥ 3, K={k}: both changes found in {np.mean(both):.1%} ({sum(both)}/{len(rows)})")
+    for k in ks:
+        rows = by.get(("small step", k), [])
+        for name, lo, hi in (("1.3–1.5×", 1.3, 1.5), ("1.5–2×", 1.5, 2.0)):
+            pick = [r for r in rows if lo <= float(r["params"]["ratio"]) < hi]
+            if pick:
+                print(f"\nsmall steps of {name}, K={k}: found in {_cov_str(*_coverage(pick))}")
     for fam in ("rise and fix",):
         for k in ks:
             rows = by.get((fam, k), [])

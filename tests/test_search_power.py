@@ -144,3 +144,19 @@ def test_the_refined_grid_is_the_same_prior() -> None:
     # The prior mass below 5 %, a logit-uniform quantity, is the same on either grid.
     below = [float(np.exp(p.log_w[1:][p.rates[1:] < 0.05]).sum()) for p in (prior, fine)]
     assert abs(below[0] - below[1]) < 0.01, below
+
+
+def test_a_change_only_a_capped_end_could_show_is_left_undecided_not_sampled_without_end() -> None:
+    # A 1.4x step at c1: the good endpoint alone holds the old rate. Once c0 has had every start it
+    # may, only it could tell the step from none, and samples elsewhere no longer move the answer:
+    # the search stops with the mode undecided and its cost. (Sampling every other commit instead
+    # took up to 150 starts on these draws.)
+    import numpy as np
+
+    for seed in range(8):
+        rng = np.random.default_rng(seed)
+        rep = run(Search(commits(46), SearchOptions()),
+                  lambda i, n, _start: int(rng.binomial(n, 0.0206 if i == 0 else 0.0297)))
+        assert rep.probes <= 70, (seed, rep.probes)
+        for mode in rep.modes:
+            assert mode.decided or mode.to_decide_samples > 0

@@ -83,8 +83,8 @@ class Prior:
 
     def refined(self, failures: Sequence[int], samples: Sequence[int], *, max_points: int = 256) -> Prior:
         """The same prior on a grid dense enough for these counts: extra rates between the lowest and
-        the highest rate the commits show, spaced at half the logit standard error of all samples
-        pooled (at most `max_points` of them), each weighted by the logit width it stands for.
+        the highest rate the commits show, spaced at the logit standard error of all samples pooled (a
+        rate off a grid point by half that costs an eighth of a log unit; at most `max_points` of them), each weighted by the logit width it stands for.
 
         A grid far coarser than the likelihood is a poor quadrature: a segment's marginal is then that
         of the nearest grid rate, and pooled counts lying between two grid rates fit better split in two
@@ -102,8 +102,8 @@ class Prior:
         step = float(np.max(np.diff(x)))
         pooled = float(k.sum() / n.sum())
         p = min(max(pooled, 1.0 / n.sum()), 1 - 1.0 / n.sum())
-        fine = 0.5 / math.sqrt(float(n.sum()) * p * (1 - p))
-        if fine >= step / 2:  # the likelihood is wider than the grid's step: the grid will do
+        fine = 1.0 / math.sqrt(float(n.sum()) * p * (1 - p))
+        if fine >= step:  # the likelihood is wider than the grid's step: the grid will do
             return self
         # Each commit's rate, pulled off 0 and 1 by half a failure, bounds the window.
         r = np.clip((k + 0.5) / (n + 1.0), positive[0], positive[-1])
