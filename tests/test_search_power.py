@@ -156,7 +156,7 @@ def test_a_change_only_a_capped_end_could_show_is_left_undecided_not_sampled_wit
     for seed in range(8):
         rng = np.random.default_rng(seed)
         rep = run(Search(commits(46), SearchOptions()),
-                  lambda i, n, _start: int(rng.binomial(n, 0.0206 if i == 0 else 0.0297)))
+                  lambda i, n, _start, rng=rng: int(rng.binomial(n, 0.0206 if i == 0 else 0.0297)))
         assert rep.probes <= 70, (seed, rep.probes)
         for mode in rep.modes:
             assert mode.decided or mode.to_decide_samples > 0
