@@ -291,7 +291,7 @@ def test_no_change_is_said_flatly_only_at_the_target() -> None:
     assert ("no change in the range" in text) == (mode.no_change >= 0.99)
     # A stored report read back with a looser target: the same posterior now reaches it.
     summary["confidence"] = min(mode.no_change, 0.9)
-    assert "  no change in the range" in render(summary).splitlines()
+    assert "  no change in the range (none of 1.15x or more in the odds of failing)" in render(summary).splitlines()
 
 
 def test_a_rate_that_varies_between_starts_earns_a_commit_more_starts() -> None:

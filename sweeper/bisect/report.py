@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sweeper.bisect.search import BadEndpoint, BisectReport, Change, Direction
-from sweeper.bisect.segments import Rate
+from sweeper.bisect.segments import SAME_WITHIN, Rate
 
 SCHEMA = "sweep-bisect/2"
 
@@ -222,7 +222,8 @@ def _no_change(cell: dict[str, Any], confidence: float) -> str:
     mode that varies between server starts can hide a small change below that."""
     short = [m for m in cell["modes"] if m["fails_at_bad"] and m["no_change"] < confidence]
     if not short:
-        return "  no change in the range"
+        # The model's "no change" is none of at least SAME_WITHIN: a smaller step is below what it resolves.
+        return f"  no change in the range (none of {SAME_WITHIN:g}x or more in the odds of failing)"
     return "  no change located in the range; " + "; ".join(
         f"P(no change) {_pct(m['no_change'])} for {m['mode']} ("
         + ", ".join([f"{_seen_text(m.get(f'observed_at_{end}'))} failed at {end}" for end in ("good", "bad")]

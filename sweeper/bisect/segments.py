@@ -43,6 +43,8 @@ from sweeper.stats import wilson
 
 FloatArray = npt.NDArray[np.float64]
 
+# Odds within this factor of each other are one rate to the change-point model (`Prior.same_within`).
+SAME_WITHIN = 1.15
 RHO_CREDIBLE = 0.05  # a dispersion with this much posterior mass is one the data have not ruled out
 _LOG_ZERO = -1.0e6  # log(0) that keeps 0 * log(0) finite in vectorised sums
 _EPS = 1e-4
@@ -66,11 +68,15 @@ class Prior:
     rhos: FloatArray
     log_w_rho: FloatArray
     expected_changes: float
+    # A single cut between segment rates whose odds differ by at most this factor is no change: a
+    # step that small is below what the search resolves (it plans for `min_contrast` steps), and a
+    # continuous prior always leaves some mass on one too small for any amount of data to rule out.
+    same_within: float = 1.0
 
     @classmethod
     def default(cls, *, points: int = 64, zero_mass: float = 0.0, expected_changes: float = 1.0,
                 rhos: Sequence[float] = (0.0, 0.01, 0.03, 0.06, 0.1, 0.15, 0.2, 0.35),
-                rho_zero_mass: float = 0.4) -> Prior:
+                rho_zero_mass: float = 0.4, same_within: float = SAME_WITHIN) -> Prior:
         lo, hi = math.log(_EPS / (1 - _EPS)), math.log((1 - _EPS) / _EPS)
         grid = 1.0 / (1.0 + np.exp(-np.linspace(lo, hi, points)))
         rates = np.concatenate([[0.0], grid])
@@ -79,7 +85,7 @@ class Prior:
         w_rho = np.where(r == 0, rho_zero_mass, (1 - rho_zero_mass) / max(1, int((r > 0).sum())))
         with np.errstate(divide="ignore"):  # no atom at 0: its weight's log is -inf
             log_w = np.log(w)
-        return cls(rates, log_w, r, np.log(w_rho / w_rho.sum()), expected_changes)
+        return cls(rates, log_w, r, np.log(w_rho / w_rho.sum()), expected_changes, same_within)
 
     def refined(self, failures: Sequence[int], samples: Sequence[int], *, max_points: int = 256) -> Prior:
         """The same prior on a grid dense enough for these counts: extra rates between the lowest and
@@ -120,7 +126,7 @@ class Prior:
         rates = np.concatenate([[0.0], 1 / (1 + np.exp(-xs))])
         with np.errstate(divide="ignore"):
             log_w = np.log(np.concatenate([[zero_w], w]))
-        return Prior(rates, log_w, self.rhos, self.log_w_rho, self.expected_changes)
+        return Prior(rates, log_w, self.rhos, self.log_w_rho, self.expected_changes, self.same_within)
 
     def change_probability(self, n_positions: int) -> float:
         """Prior probability that one given position is a change point."""
@@ -269,14 +275,12 @@ def posterior(starts: Sequence[Start], n_positions: int, prior: Prior) -> ModePo
         left, right = fwd[:-1] + log_q[:, None, None], bwd[1:]
         pairs = np.stack([left[:, 0] + right[:, 1], left[:, 1] + right[:, 0], left[:, 1] + right[:, 1]], axis=1)
         per_gap = logsumexp(pairs, axis=1) + prior.log_w_rho[None, :]
-        # Independent segment rates on a grid let one "change" land on the very rate it left: the
+        # Independent segment rates let one "change" land on (or next to) the rate it left: the
         # data cannot tell it from none, and it capped P(no change) near 1 - E[changes] / grid
-        # points however many samples agreed. A single cut between equal rates counts as no change.
+        # points however many samples agreed. A single cut between rates whose odds are within
+        # `same_within` of each other counts as no change.
         # The first segment ending at each point, and the last starting after it: (gaps, rates, rhos).
-        head = cum[1:-1, 1:, :] - cum[0, None, 1:, :]
-        tail = cum[-1, None, 1:, :] - cum[1:-1, 1:, :]
-        with np.errstate(invalid="ignore"):
-            same = logsumexp(head + tail + 2 * prior.log_w[None, 1:, None], axis=1)
+        same = _one_cut_same_rate(cum, prior)
         same = same + (log_q + float(cum_stay[-1]) - log_stay)[:, None] + prior.log_w_rho[None, :]
         same_gap = np.exp(same - log_joint_rho[None, :])  # (gaps, rhos), given rho
         given_rho = np.exp(per_gap - log_joint_rho[None, :]) - same_gap  # P(change in gap | rho)
@@ -288,6 +292,22 @@ def posterior(starts: Sequence[Start], n_positions: int, prior: Prior) -> ModePo
     segments = _segments(points, np.clip(gap_change, 0, 1), starts, rho_post, prior)
     return ModePosterior(tuple(points), np.clip(gap_change, 0.0, 1.0), min(1.0, no_change), rho_post,
                          float(np.dot(rho_post, prior.rhos)), segments, np.clip(gap_change_low, 0.0, 1.0))
+
+
+def _one_cut_same_rate(cum: FloatArray, prior: Prior) -> FloatArray:
+    """Per gap and rho: log ∫∫ of the likelihood of one cut there, the two segments' rates within
+    `prior.same_within` of each other in odds (the points before the gap on one rate, those after on
+    the other): the part of a "change" that is none at the search's resolution."""
+    # The first segment ending at each point, and the last starting after it: (gaps, rates, rhos).
+    head = cum[1:-1, 1:, :] - cum[0, None, 1:, :] + prior.log_w[None, 1:, None]
+    tail = cum[-1, None, 1:, :] - cum[1:-1, 1:, :] + prior.log_w[None, 1:, None]
+    x = np.log(prior.rates[1:] / (1 - prior.rates[1:]))
+    near = (np.abs(x[:, None] - x[None, :]) <= math.log(max(1.0, prior.same_within)) + 1e-9).astype(np.float64)
+    top_h, top_t = head.max(axis=1, keepdims=True), tail.max(axis=1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        paired = np.einsum("agr,gh->ahr", np.exp(head - top_h), near)
+        out: FloatArray = np.log(np.sum(paired * np.exp(tail - top_t), axis=1)) + top_h[:, 0] + top_t[:, 0]
+    return out
 
 
 def _segments(points: list[int], gap_change: FloatArray, starts: Sequence[Start],
