@@ -42,8 +42,10 @@ def _brute(starts: list[Start], n_positions: int, prior: Prior) -> tuple[np.ndar
                 parts.append((w[0] * lik[0], float(np.dot(w[1:], lik[1:]))))
                 liks.append(np.array(lik))
             if len(segs) == 2:
-                # One cut between equal (positive) rates is no change.
-                same = weight * w_rho[ri] * float(np.sum(w[1:] ** 2 * liks[0][1:] * liks[1][1:]))
+                # One cut between (positive) rates whose odds are within `same_within` is no change.
+                x = np.log(prior.rates[1:] / (1 - prior.rates[1:]))
+                near = np.abs(x[:, None] - x[None, :]) <= math.log(prior.same_within) + 1e-9
+                same = weight * w_rho[ri] * float(np.sum(near * np.outer(w[1:] * liks[0][1:], w[1:] * liks[1][1:])))
                 gap_mass -= same * np.array(cuts, dtype=float)
                 no_change += same
             for states in itertools.product([0, 1], repeat=len(segs)):
@@ -63,10 +65,16 @@ def _brute(starts: list[Start], n_positions: int, prior: Prior) -> tuple[np.ndar
     [Start(0, 3, 20), Start(2, 4, 20), Start(5, 3, 20), Start(9, 5, 20)],  # no change
 ])
 @pytest.mark.parametrize("zero_mass", [0.0, 0.5])
-def test_posterior_matches_brute_force(starts: list[Start], zero_mass: float) -> None:
-    prior = Prior.default(points=10, rhos=(0.0, 0.1, 0.3), zero_mass=zero_mass)
+@pytest.mark.parametrize("same_within", [1.0, 10.0])
+def test_posterior_matches_brute_force(starts: list[Start], zero_mass: float, same_within: float) -> None:
+    prior = Prior.default(points=10, rhos=(0.0, 0.1, 0.3), zero_mass=zero_mass, same_within=same_within)
     post = posterior(starts, 9, prior)
-    gaps, none = _brute(starts, 9, prior)
+    # The posterior integrates on the grid refined for these counts (`Prior.refined`): so does this.
+    by_commit = sorted({s.index for s in starts})
+    refined = prior.refined([sum(s.failures for s in starts if s.index == i) for i in by_commit],
+                            [sum(s.samples for s in starts if s.index == i) for i in by_commit])
+    assert refined.rates.size > prior.rates.size  # 10 grid points are coarser than these counts
+    gaps, none = _brute(starts, 9, refined)
     assert np.allclose(post.gap_change, gaps, atol=1e-9)
     assert post.no_change == pytest.approx(none, abs=1e-9)
 
