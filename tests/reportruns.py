@@ -57,7 +57,10 @@ def demo_run(report_dirs: Path) -> RunDir:
         proc = subprocess.run([sys.executable, "-m", "sweeper", "matrix", str(ROOT / "matrices" / "demo.yaml"),
                                "--runs-dir", str(report_dirs / "runs"), "--run-id", "demo", "--executor", "local"],
                               env=env, capture_output=True, text=True, timeout=900, check=False)
-        (report_dirs / "demo.out").write_text(json.dumps([proc.returncode, proc.stdout + proc.stderr]))
+        output = proc.stdout + proc.stderr
+        (report_dirs / "demo.out").write_text(json.dumps([proc.returncode, output]))
+        if proc.returncode != 0:  # every test reading the run would fail further from the cause
+            raise RuntimeError(f"the shared demo run exited {proc.returncode}:\n{output[-3000:]}")
         return RunDir(report_dirs / "runs" / "demo")
     return _once(report_dirs, "demo", make)
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from sweeper.bisect import BisectReport, Direction, Search, SearchOptions
 from sweeper.bisect.drift import PointCounts, find_drifts
+from sweeper.bisect.segments import Prior, Start, posterior
 
 Counts = Callable[[int, int, int], int]  # (commit index, samples, start number there) -> failures
 
@@ -112,18 +113,22 @@ def test_more_samples_per_start_when_starts_agree_more_starts_when_they_vary() -
     assert quiet._batch(0.05, 0.065, 0.2) < 50  # past ~sqrt(start_s / (request_s rho)) a new start is cheaper
 
 
+def flat(seed: int, step_at: int | None = None, ratio: float = 1.0) -> list[Start]:
+    """40 commits 5 apart, one start of 1,700 samples each at 6.69 % (times `ratio` from the
+    `step_at`-th on): 68,000 samples, drawn with `seed`."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [Start(i * 5, int(rng.binomial(1700, 0.0669 * (ratio if step_at is not None and i >= step_at else 1))),
+                  1700) for i in range(40)]
+
+
 def test_a_constant_rate_seen_in_tens_of_thousands_of_samples_is_not_cut_in_two() -> None:
     # 40 commits, one start of 1,700 samples each, all at 6.69 %: 68,000 samples of one rate. On a
     # grid of rates coarser than their likelihood, the pooled rate sat between two grid rates and a
     # split let each half sit nearer one: P(no change) fell to 0.000 in 7 of these 20 draws.
-    import numpy as np
-
-    from sweeper.bisect.segments import Prior, Start, posterior
-
     for seed in range(20):
-        rng = np.random.default_rng(seed)
-        starts = [Start(i * 5, int(rng.binomial(1700, 0.0669)), 1700) for i in range(40)]
-        post = posterior(starts, 200, Prior.default())
+        post = posterior(flat(seed), 200, Prior.default())
         assert post.gap_change.max() < 0.5 and post.no_change > 0.9, (seed, post.no_change)
 
 
@@ -131,8 +136,6 @@ def test_the_refined_grid_is_the_same_prior() -> None:
     # Weights sum to one (with the atom at 0), the rates stay sorted, and a grid already fine enough
     # for a few samples is left as it is.
     import numpy as np
-
-    from sweeper.bisect.segments import Prior
 
     prior = Prior.default(zero_mass=0.3)
     assert prior.refined([1, 2], [60, 60]) is prior
@@ -166,15 +169,8 @@ def test_no_change_is_reached_on_a_constant_rate_and_a_1_3x_step_is_still_a_chan
     # "No change" is none of `SAME_WITHIN` (1.15x in the odds) or more: a continuous prior always
     # keeps some mass on a step too small for any data to rule out, and it held P(no change) under
     # 0.99 on 8 of these 20 draws of one rate (68,000 samples). A 1.3x step stays a change.
-    import numpy as np
-
-    from sweeper.bisect.segments import Prior, Start, posterior
-
     reached = 0
     for seed in range(20):
-        rng = np.random.default_rng(seed)
-        flat = [Start(i * 5, int(rng.binomial(1700, 0.0669)), 1700) for i in range(40)]
-        reached += posterior(flat, 200, Prior.default()).no_change >= 0.99
-        step = [Start(i * 5, int(rng.binomial(1700, 0.0669 * (1.3 if i >= 20 else 1))), 1700) for i in range(40)]
-        assert posterior(step, 200, Prior.default()).no_change < 0.01, seed
+        reached += posterior(flat(seed), 200, Prior.default()).no_change >= 0.99
+        assert posterior(flat(seed + 100, step_at=20, ratio=1.3), 200, Prior.default()).no_change < 0.01, seed
     assert reached >= 18, reached

@@ -489,8 +489,9 @@ class Search:
             value, n = min(1 - post.no_change, post.no_change), self._batch(*contrast, post.rho)
             if any(self._probeable(x) for x in (0, last)):
                 self._resample(needs, 0, last, value, n)
-            elif (open_points := [x for x in pts if self._probeable(x)]) and \
-                    sum(self._samples_at(x) for x in pts if x not in (0, last)) < self._samples_at(0) + self._samples_at(last):
+            elif (open_points := [x for x in pts if self._probeable(x)]) and (
+                    sum(self._samples_at(x) for x in pts if x not in (0, last))
+                    < self._samples_at(0) + self._samples_at(last)):
                 # The ends have had all the starts they may: any probed commit's samples count too,
                 # until the commits between hold more samples than the ends. Past that, what is still
                 # open is how an end compares with the rest, and only the capped end could tell: the

@@ -87,10 +87,11 @@ class Prior:
             log_w = np.log(w)
         return cls(rates, log_w, r, np.log(w_rho / w_rho.sum()), expected_changes, same_within)
 
-    def refined(self, failures: Sequence[int], samples: Sequence[int], *, max_points: int = 256) -> Prior:
-        """The same prior on a grid dense enough for these counts: extra rates between the lowest and
-        the highest rate the commits show, spaced at the logit standard error of all samples pooled (a
-        rate off a grid point by half that costs an eighth of a log unit; at most `max_points` of them), each weighted by the logit width it stands for.
+    def refined(self, failures: npt.ArrayLike, samples: npt.ArrayLike, *, max_points: int = 256) -> Prior:
+        """The same prior on a grid dense enough for these per-commit counts: extra rates between the
+        lowest and the highest rate the commits show, spaced at the logit standard error of all samples
+        pooled (a rate off a grid point by half that costs an eighth of a log unit; at most `max_points`
+        of them), each weighted by the logit width it stands for.
 
         A grid far coarser than the likelihood is a poor quadrature: a segment's marginal is then that
         of the nearest grid rate, and pooled counts lying between two grid rates fit better split in two
@@ -212,15 +213,12 @@ def posterior(starts: Sequence[Start], n_positions: int, prior: Prior) -> ModePo
     where = {x: i for i, x in enumerate(points)}
     n_pts = len(points)
     # The quadrature of the rate prior, dense where these counts need it (`Prior.refined`).
-    per_commit_k = np.zeros(n_pts)
-    per_commit_n = np.zeros(n_pts)
-    for s in starts:
-        per_commit_k[where[s.index]] += s.failures
-        per_commit_n[where[s.index]] += s.samples
-    prior = prior.refined(per_commit_k.astype(int).tolist(), per_commit_n.astype(int).tolist())
+    at = [where[s.index] for s in starts]
+    prior = prior.refined(np.bincount(at, [s.failures for s in starts], n_pts),
+                          np.bincount(at, [s.samples for s in starts], n_pts))
     ll = start_loglik([s.failures for s in starts], [s.samples for s in starts], prior)
     per_point = np.zeros((n_pts, prior.rates.size, prior.rhos.size))
-    np.add.at(per_point, [where[s.index] for s in starts], ll)
+    np.add.at(per_point, at, ll)
     cum = np.concatenate([np.zeros((1, *per_point.shape[1:])), np.cumsum(per_point, axis=0)])
     # seg[a, b, rho] = log ∫ prior(r) Π_{points a..b} lik(r) dr, for a <= b. Split into "rate exactly
     # 0" and "rate > 0": a change must change the rate, and two neighbouring segments that both never
