@@ -159,11 +159,12 @@ def test_bisect_as_typed_names_both_culprits_and_the_fix_with_their_cells(
     envs = [e.sha for e in list_environments(cache)]
     assert sorted(envs) == sorted(envs_after_sweep | probed)  # one each, none twice
     # Server starts, counted from the servers' own logs: one per probe, and cells that differ only in a
-    # request axis share it (two cells per start here).
+    # request axis share it (two cells per start here, when both cells' searches want that commit: a
+    # search that is done, or wants another commit, leaves its twin to start alone).
     starts = {p["group_id"] for p in probes}
     assert starts_in_logs(outcome.run.root) == len(starts) == summary["server_starts"]
     cells_per_start = Counter(p["group_id"] for p in probes)
-    assert set(cells_per_start.values()) == {2}
+    assert set(cells_per_start.values()) <= {1, 2} and Counter(cells_per_start.values())[2] > len(starts) // 2
     assert starts_in_logs(sweep.run.root) == 2 * 4  # the sweep: 2 commits x 4 server keys
 
 
