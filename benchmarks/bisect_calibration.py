@@ -484,7 +484,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--histories", type=int, default=500, help="histories per family")
     ap.add_argument("--ks", default="1,4,8", help="probes per round, comma-separated")
-    ap.add_argument("--families", default=None, help="comma-separated subset of: " + ", ".join(FAMILIES))
+    ap.add_argument("--families", default=None, help="comma-separated subset of: " + ", ".join(FAMILIES).replace("%", "%%"))
     ap.add_argument("--step-line", type=int, default=200, help="histories for the 0.01->0.1 N=200 K=4 line")
     ap.add_argument("--confidence", type=float, default=0.99)
     ap.add_argument("--max-samples", type=int, default=None)

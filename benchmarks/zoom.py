@@ -43,11 +43,27 @@ from sweeper.sweep import ZoomOptions, run_matrix
 
 # The GPU profile the GPU-hours are modelled under (the issue's example for a large model).
 START_S, INSTALL_S, REQUEST_S = 240.0, 90.0, 1.0
-ARMS = ("full", "covering", "zoom", "adaptive")
+ARMS = ("full", "covering", "zoom", "adaptive", "whole-adaptive", "again")
+# Arms run as the full product: `whole-adaptive` with `--adaptive` (its cells' verdicts are compared
+# with the full product's, cell by cell), `again` a second full product on other draws (how often two
+# whole runs agree, the reference for that comparison).
+WHOLE = ("full", "whole-adaptive", "again")
 
 
 def starts_in_logs(run: RunDir) -> int:
     return sum(p.read_text(errors="replace").count(BANNER) for p in (run.root / "logs").glob("*.log"))
+
+
+def cell_verdicts(run: RunDir) -> dict[str, bool]:
+    """Each cell's verdict, failing or not: a failed sample or a server that did not serve (an adaptive
+    cell that stopped clean after a failure or two is clean: its rule's verdict)."""
+    cells = analysis.load_cells(run)
+    out = {}
+    for r in cells.to_dict("records"):
+        stop = r.get("stop_reason")
+        failed = r["status"] != "ok" or (r["n_failed"] > 0 and stop != "clean")
+        out[str(r["cell_id"])] = bool(failed)
+    return out
 
 
 def named(run: RunDir) -> list[list[str]] | None:
@@ -69,9 +85,10 @@ def one(task: tuple[str, int, bool, int, tuple[str, ...]]) -> dict[str, Any]:
         row: dict[str, Any] = {"family": family, "seed": seed, "effective": history.effective,
                                "flaky": history.flaky, "rate": history.bug["rate"],
                                "truth": sorted(f"{a}={v}" for a, v in history.truth)}
+        verdicts: dict[str, dict[str, bool]] = {}
         for arm in arms:
             t0 = time.monotonic()
-            spec = DesignSpec(kind="full") if arm == "full" else DesignSpec(kind="covering", strength=3, seed=seed)
+            spec = DesignSpec(kind="full") if arm in WHOLE else DesignSpec(kind="covering", strength=3, seed=seed)
             if real:
                 from sweeper.executor import choose
 
@@ -82,7 +99,7 @@ def one(task: tuple[str, int, bool, int, tuple[str, ...]]) -> dict[str, Any]:
             outcome = run_matrix(matrix, runs_dir=folder / "runs", run_id=arm, executor=factory,
                                  cache_dir=folder / "cache", design_spec=spec,
                                  zoom_options=ZoomOptions(enabled=arm in ("zoom", "adaptive")),
-                                 adaptive=arm == "adaptive")
+                                 adaptive=arm in ("adaptive", "whole-adaptive"))
             run = outcome.run
             starts = starts_in_logs(run)
             requests = len(analysis.load_table(run, "samples", ["cell_id"]))
@@ -91,6 +108,13 @@ def one(task: tuple[str, int, bool, int, tuple[str, ...]]) -> dict[str, Any]:
             row[arm] = {"starts": starts, "requests": requests, "phases": len(outcome.phases),
                         "gpu_h": (starts * START_S + installs * INSTALL_S + requests * REQUEST_S) / 3600,
                         "named": names, "exact": names == [row["truth"]], "s": round(time.monotonic() - t0, 2)}
+            if arm in WHOLE:
+                verdicts[arm] = cell_verdicts(run)
+        for arm in ("whole-adaptive", "again"):
+            if arm in verdicts and "full" in verdicts:
+                full = verdicts["full"]
+                row[arm]["cells"] = len(full)
+                row[arm]["cells_same"] = sum(full[c] == verdicts[arm].get(c) for c in full)
         for arm in ("zoom", "adaptive"):
             if arm in row and "full" in row:
                 row["same" if arm == "zoom" else "same_adaptive"] = row[arm]["named"] == row["full"]["named"]
@@ -128,6 +152,34 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def cells_table(rows: list[dict[str, Any]]) -> str:
+    """Per-cell verdicts of the full product run with `--adaptive` against the full product's, and of a
+    second full product (the reference: what a whole replay's own noise allows)."""
+    rows = [r for r in rows if "whole-adaptive" in r and "full" in r]
+    if not rows:
+        return ""
+    again = all("again" in r for r in rows)
+    out = ["| family | histories | cells | verdict as the full product's, adaptive | "
+           + ("a second full product agrees | " if again else "")
+           + "requests full / adaptive | fewer requests | starts full / adaptive |",
+           "|---|---|---|---|" + ("---|" if again else "") + "---|---|---|"]
+    for family in sorted({r["family"] for r in rows}):
+        rs = [r for r in rows if r["family"] == family]
+        cells = sum(r["whole-adaptive"]["cells"] for r in rs)
+        same = sum(r["whole-adaptive"]["cells_same"] for r in rs)
+        full_req = sum(r["full"]["requests"] for r in rs)
+        ad_req = sum(r["whole-adaptive"]["requests"] for r in rs)
+        cols = [family, str(len(rs)), f"{cells:,}", f"{same / cells:.2%} (worst history "
+                f"{min(r['whole-adaptive']['cells_same'] / r['whole-adaptive']['cells'] for r in rs):.2%})"]
+        if again:
+            cols.append(f"{sum(r['again']['cells_same'] for r in rs) / sum(r['again']['cells'] for r in rs):.2%}")
+        cols += [f"{full_req / len(rs):,.0f} / {ad_req / len(rs):,.0f}", f"{1 - ad_req / full_req:.0%}",
+                 f"{sum(r['full']['starts'] for r in rs) / len(rs):.0f} / "
+                 f"{sum(r['whole-adaptive']['starts'] for r in rs) / len(rs):.0f}"]
+        out.append("| " + " | ".join(cols) + " |")
+    return "\n".join(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
@@ -144,6 +196,7 @@ def main() -> None:
     if args.table:
         rows = [json.loads(line) for line in args.table.read_text().splitlines() if line.startswith("{")]
         print(table(rows))
+        print("\n" + cells_table(rows))
         print(f"\n{len(rows)} histories")
         return
     # Seed-major: a run cut short has every family at nearly the same count.
@@ -162,6 +215,7 @@ def main() -> None:
             rows.append(one(task))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     print(table(rows))
+    print("\n" + cells_table(rows))
     print(f"\n{len(rows)} histories in {time.monotonic() - t0:.0f} s "
           f"({'simulator servers' if args.real else 'modelled servers'}); GPU profile: {START_S:g} s per start, "
           f"{INSTALL_S:g} s per install, {REQUEST_S:g} s per request; {2 * args.repeat} requests a cell")

@@ -99,6 +99,33 @@ def test_a_linear_drift_is_flagged_instead_of_a_staircase() -> None:
     assert f"drifts between {d.first} and {d.last}" in render(summary)
 
 
+def test_a_drift_too_gentle_for_any_confident_step_is_flagged() -> None:
+    # Every commit of the ramp moves the rate by a fraction of a percent: no gap ever holds a
+    # change more likely than not (a gentle ramp) or just one (a steeper one), so there is no
+    # staircase to compare with a ramp; the search still says where the rate drifts.
+    for p0, p1, first, width, n in [(0.02, 0.06, 30, 20, 80), (0.03, 0.09, 20, 15, 60)]:
+        def rate(i: int, p0: float = p0, p1: float = p1, first: int = first, width: int = width) -> float:
+            return p0 + (p1 - p0) * min(1.0, max(0.0, (i - first) / width))
+
+        rep = run(Search(commits(n), SearchOptions()), scripted(rate))
+        (mode,) = rep.modes
+        assert mode.drifts, (p0, p1, [(c.commit, c.confidence) for c in mode.changes])
+        d = mode.drifts[0]
+        assert int(d.first[1:]) <= first + width and int(d.last[1:]) >= first, (d.first, d.last)
+        assert not [c for c in mode.changes if c.found]
+
+
+def test_a_lone_step_is_a_drift_only_when_a_ramp_fits_clearly_better() -> None:
+    # A step between c20 and c21 with flat sides: a ramp has nothing to gain.
+    step = [PointCounts(i, round((0.02 if i <= 20 else 0.04) * 2000), 2000) for i in [*range(10, 21, 2), 21, *range(22, 31, 2)]]
+    assert find_drifts(step, [(5, True)], lone=frozenset({5})) == []
+    # A ramp from c10 to c30 seen at every other commit, its lone "step" in the middle.
+    ramp = [PointCounts(i, round((0.02 + 0.04 * (i - 10) / 20) * 2000), 2000) for i in range(10, 31, 2)]
+    assert find_drifts(ramp, [(5, True)], lone=frozenset({5}))
+    # ...and not checked at all unless the search marks the gap as one it can do no more on.
+    assert find_drifts(ramp, [(5, True)]) == []
+
+
 def test_two_steps_with_a_plateau_are_not_a_drift() -> None:
     pts = [PointCounts(i, round(r * 400), 400) for i, r in
            [(0, 0.02), (10, 0.02), (19, 0.02), (20, 0.08), (30, 0.08), (40, 0.08), (49, 0.08), (50, 0.3), (60, 0.3)]]

@@ -71,6 +71,8 @@ from enum import StrEnum
 from sweeper.bisect.drift import Drift, PointCounts, find_drifts
 from sweeper.bisect.segments import ModePosterior, Prior, Rate, Start, posterior
 from sweeper.errors import BisectError
+
+SPREAD_FLOOR = 0.05  # a gap's P(change) that counts it in a run of small steps (`_drift_candidates`)
 from sweeper.stats import samples_to_decide, wilson
 
 # A learned per-start correlation above this: the mode's rate varies between server starts.
@@ -521,18 +523,42 @@ class Search:
             return []
         if mode not in self._drift_cache:
             post = self.mode_posterior(mode)
-            changes = []
-            for a, p in enumerate(post.gap_change):
-                if p > 0.5:
-                    changes.append((a, post.segment_at(post.points[a + 1]).rate > post.segment_at(post.points[a]).rate))
+            pts = post.points
             found: list[Drift] = []
-            if len(changes) >= 2:
+            changes = [(a, self._rises(post, a)) for a in self._drift_candidates(post)]
+            # A lone change narrowed to neighbouring commits, one of them capped, and still short
+            # of the confidence: the search can do no more there, and a ramp may be why.
+            lone = frozenset(a for a, _ in changes if post.gap_change[a] < self.confidence
+                             and all(j in self._skipped for j in range(pts[a] + 1, pts[a + 1]))
+                             and not (self._probeable(pts[a]) and self._probeable(pts[a + 1])))
+            if len(changes) >= 2 or lone:
                 counts = [PointCounts(i, sum(p.failures.get(mode, 0) for p in self._probes if p.index == i),
-                                      self._samples_at(i)) for i in post.points]
+                                      self._samples_at(i)) for i in pts]
                 per_start = self.total_samples / max(1, len(self._probes))
-                found = find_drifts(counts, changes, design_effect=1 + max(0.0, per_start - 1) * post.rho)
+                found = find_drifts(counts, changes, design_effect=1 + max(0.0, per_start - 1) * post.rho,
+                                    lone=lone)
             self._drift_cache[mode] = found
         return self._drift_cache[mode]
+
+    @staticmethod
+    def _rises(post: ModePosterior, a: int) -> bool:
+        return post.segment_at(post.points[a + 1]).rate > post.segment_at(post.points[a]).rate
+
+    @staticmethod
+    def _drift_candidates(post: ModePosterior) -> list[int]:
+        """The gaps the drift check weighs as changes: each more likely than not to hold one, and in a
+        run of neighbouring gaps that together hold one or more changes but none of them more likely
+        than not (a rate stepping a little at every gap), the likeliest of the run."""
+        out = [a for a, p in enumerate(post.gap_change) if p > 0.5]
+        run: list[int] = []
+        for a, p in enumerate([*post.gap_change, 0.0]):
+            if SPREAD_FLOOR <= p <= 0.5 and a < len(post.gap_change):
+                run.append(a)
+                continue
+            if run and sum(float(post.gap_change[b]) for b in run) >= 1.0 and not any(b + 1 in out or b - 1 in out for b in run):
+                out.append(max(run, key=lambda b: float(post.gap_change[b])))
+            run = []
+        return sorted(out)
 
     def _sure_at_any_dispersion(self, post: ModePosterior, gap: int) -> bool:
         return not self.robust_dispersion or float(post.gap_change_low[gap]) >= self.confidence
