@@ -41,8 +41,9 @@ How a round is chosen. Every mode names the commits it wants, each with a value:
 * for a mode with no change in view whose P(no change) is short of `confidence` (and above
   1 - `confidence`): more samples at the ends, then at any probed commit. The search stops on
   evidence, not when a change merely looks unlikely.
-Gaps inside a drift (`sweeper.bisect.drift`: a run of same-direction steps a ramp fits as well)
-want nothing: no commit there is the change.
+Gaps inside a drift (`sweeper.bisect.drift`: a run of same-direction steps a ramp fits as well, or
+a lone step the search can do no more on, or a run of gaps that each hold a little of a change,
+that a ramp fits clearly better) want nothing: no commit there is the change.
 A commit's value is the sum over modes, so a commit that serves several searches wins; the round
 takes the K most valuable distinct commits. Each probe asks for the Wald sample count that tells
 the rates on either side of its gap apart at `confidence`, planning for at least a `min_contrast`
