@@ -169,13 +169,13 @@ def cells_table(rows: list[dict[str, Any]]) -> str:
         same = sum(r["whole-adaptive"]["cells_same"] for r in rs)
         full_req = sum(r["full"]["requests"] for r in rs)
         ad_req = sum(r["whole-adaptive"]["requests"] for r in rs)
-        cols = [family, str(len(rs)), f"{cells:,}", f"{same / cells:.2%} (worst history "
-                f"{min(r['whole-adaptive']['cells_same'] / r['whole-adaptive']['cells'] for r in rs):.2%})"]
+        worst = min(r["whole-adaptive"]["cells_same"] / r["whole-adaptive"]["cells"] for r in rs)
+        cols = [family, str(len(rs)), f"{cells:,}", f"{same / cells:.2%} (worst history {worst:.2%})"]
         if again:
             cols.append(f"{sum(r['again']['cells_same'] for r in rs) / sum(r['again']['cells'] for r in rs):.2%}")
+        starts = [sum(r[a]["starts"] for r in rs) / len(rs) for a in ("full", "whole-adaptive")]
         cols += [f"{full_req / len(rs):,.0f} / {ad_req / len(rs):,.0f}", f"{1 - ad_req / full_req:.0%}",
-                 f"{sum(r['full']['starts'] for r in rs) / len(rs):.0f} / "
-                 f"{sum(r['whole-adaptive']['starts'] for r in rs) / len(rs):.0f}"]
+                 f"{starts[0]:.0f} / {starts[1]:.0f}"]
         out.append("| " + " | ".join(cols) + " |")
     return "\n".join(out)
 

@@ -151,7 +151,9 @@ def matrix_cmd(
         if plan.zooms:  # before the design's figures, which end the output
             out.print("then zoom: " + ("off (--no-zoom)" if no_zoom else
                                        "on; phases of servers that tell each failure mode's candidates apart, "
-                                       "as many as the results need"), markup=False, highlight=False)
+                                       "as many as the results need"
+                                       + (" and the budget leaves" if plan.budget is not None else "")),
+                      markup=False, highlight=False)
         for line in preview.design_text(plan):
             out.print(line, markup=False, highlight=False)
         return
@@ -541,6 +543,10 @@ def bisect_cmd(
     confidence: Annotated[float, typer.Option(help="A change is settled when its posterior probability reaches this.")] = 0.99,
     max_samples: Annotated[int | None, typer.Option(help="Stop (reporting what is undecided) after this many requests per cell.")] = None,
     widen: Annotated[bool, typer.Option("--widen", help="If the good endpoint fails, move it back (doubling the distance) until it passes.")] = False,
+    budget: Annotated[float | None, typer.Option("--budget", metavar="GPU_HOURS",
+                                                 help="GPU-hours for the whole run, as the cost model prices each "
+                                                      "server start: no probe starts past it, and what is open is "
+                                                      "reported undecided with what deciding would cost.")] = None,
     runs_dir: RunsDir = "runs",
     run_id: Annotated[str | None, typer.Option(help="Name of the new bisect run.")] = None,
     resume: Annotated[str | None, typer.Option(help="Continue this bisect run.")] = None,
@@ -559,12 +565,16 @@ def bisect_cmd(
     Example: sweep bisect --good v0.27 --bad main --matrix matrices/demo.yaml --where spec_method=mtp --where env.VLLM_USE_V2_MODEL_RUNNER=1
     """
     from sweeper.bisect import driver, report
+    from sweeper.errors import ConfigError
     from sweeper.executor import choose
 
     scope = driver.BisectScope(good=good, bad=bad, matrix_path=matrix, from_run=run, where=tuple(where or ()),
                                repo=repo)
+    if budget is not None and not (0 < budget < float("inf")):
+        raise ConfigError(f"expected a number of GPU-hours above 0, got {budget:g}", key="--budget")
     options = driver.BisectOptions(confidence=confidence, max_samples=max_samples, parallel=parallel, widen=widen,
-                                   cache_dir=cache_dir, runs_dir=runs_dir, run_id=run_id, resume=resume)
+                                   cache_dir=cache_dir, runs_dir=runs_dir, run_id=run_id, resume=resume,
+                                   budget_h=budget)
     try:
         outcome = driver.run_bisect(scope, options, executor=choose(executor, address=address, gpus=gpus),
                                     on_event=lambda line: err.print(line, markup=False, highlight=False))

@@ -62,12 +62,18 @@ def budget_lines(manifest: SweepManifest) -> list[str]:
         return []
     lines = [(f"budget: {b.gpu_hours:g} GPU-hours: {b.servers} servers ({b.cells} cells) fitted, modelled at "
               f"{b.modelled_hours:.3f} GPU-hours")]
-    if not b.left_servers:
-        lines.append("  nothing left untested")
+    # A zoom after the design runs what the budget leaves: some of the servers it left may have run since.
+    zoomed = {g for p in manifest.phases if p.kind == "zoom" for g in p.groups}
+    if zoomed:
+        lines.append(f"  then zoom phases within what was left: {len(zoomed)} servers")
+    left = [g for g in b.left_groups if g not in zoomed]
+    if not b.left_servers or not left:
+        lines.append("  nothing left untested" if not b.left_servers else
+                     "  nothing of the design left untested (the zoom ran what the budget had left out)")
         return lines
-    shown = ", ".join(b.left_groups[:SHOWN]) + (f", … ({len(b.left_groups) - SHOWN} more)"
-                                                 if len(b.left_groups) > SHOWN else "")
-    lines.append(f"  left untested: {b.left_servers} servers ({b.left_cells} cells): {shown}")
+    shown = ", ".join(left[:SHOWN]) + (f", … ({len(left) - SHOWN} more)" if len(left) > SHOWN else "")
+    cells = f" ({b.left_cells} cells)" if len(left) == b.left_servers else ""
+    lines.append(f"  left untested: {len(left)} servers{cells}: {shown}")
     return lines
 
 

@@ -152,9 +152,8 @@ class Plan:
     @property
     def zooms(self) -> bool:
         """Whether this plan's design leaves cells a zoom could add (a covering subset, not the product).
-        A budgeted plan does not zoom yet: its phases would need the budget's `ZoomOptions.afford`."""
-        return self.design.spec.kind == "covering" and len(self.design.groups) < self.design.full_groups \
-            and self.budget is None
+        A budgeted plan's zoom runs what the budget leaves (`budget_afford`)."""
+        return self.design.spec.kind == "covering" and len(self.design.groups) < self.design.full_groups
 
 
 Afford = Callable[[tuple[ServerGroup, ...]], tuple[ServerGroup, ...]]
@@ -370,6 +369,8 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | N
     manifest = run.read_manifest()
     outcome.phases = list(phases_of(manifest, sorted(done))) if isinstance(manifest, SweepManifest) else []
     zooming = options.enabled and plan.zooms
+    if zooming and plan.budget is not None and options.afford is None:
+        options = dataclasses.replace(options, afford=budget_afford(plan, outcome))
     if on_plan:
         on_plan(plan, len(jobs))
     if not jobs and not zooming:
@@ -472,6 +473,25 @@ def _zoom(plan: Plan, run: RunDir, ex: Executor, outcome: RunOutcome, options: Z
         _run_jobs(ex, run, jobs_for(plan, run, cache_dir, chosen), outcome, on_group)
     outcome.zoom_summary = zoom_summary(outcome.zoom, why)
     _record_phases(run, outcome.phases, outcome.zoom_summary)
+
+
+def budget_afford(plan: Plan, outcome: RunOutcome) -> Afford:
+    """The zoom's hook under `sweep matrix --budget`: the longest prefix of a zoom phase's servers
+    (most informative first) that fits into the budget once every phase so far is paid as the cost
+    model prices it (the plan's: its stated profile and modelled samples per cell, as the design's
+    servers were fitted; an install is paid once per commit)."""
+    assert plan.budget is not None
+    budget_s = plan.budget.budget_s
+    by_id = {g.group_id: g for g in plan.matrix.groups()}
+
+    def afford(groups: tuple[ServerGroup, ...]) -> tuple[ServerGroup, ...]:
+        ran = {gid for p in outcome.phases for gid in p.groups} | {g.group_id for g in plan.groups}
+        held = tuple(by_id[g] for g in sorted(ran) if g in by_id)
+        n = 0
+        while n < len(groups) and plan.estimate(held + groups[:n + 1]).gpu_seconds <= budget_s:
+            n += 1
+        return groups[:n]
+    return afford
 
 
 def ran_levels(cells: pd.DataFrame) -> dict[str, dict[str, str | None]]:

@@ -248,6 +248,12 @@ class Triage:
 
     # ---- the bisect -----------------------------------------------------------------------------
 
+    def _bisect_budget_h(self) -> float | None:
+        """What the budget leaves for the bisect, which it spends round by round (the phase is
+        started only when its modelled cost fits; a harder search stops where the budget ends)."""
+        left = self.left_s()
+        return None if left is None else max(left, 0.0) / 3600.0
+
     def bisect(self, cells: list[Cell], plan: Plan) -> dict[str, Any] | None:
         phase = self.record.add_phase(Phase("bisect", "bisect", "bisect"))
         if phase.status == "skipped":
@@ -268,7 +274,7 @@ class Triage:
         options = BisectOptions(confidence=self.options.confidence, max_samples=self.options.max_samples,
                                 parallel=self.options.parallel, cache_dir=self.options.cache_dir,
                                 runs_dir=self.phases, run_id=None if bisect_run else "bisect",
-                                resume="bisect" if bisect_run else None)
+                                resume="bisect" if bisect_run else None, budget_h=self._bisect_budget_h())
         outcome = bisect_cells(Subject(plan.matrix, cells, plan.suite), scope, options, executor=self.executor,
                                on_event=lambda line: self.say(f"bisect: {line}"))
         phase.status, phase.starts = "done", starts_of(outcome.run)

@@ -202,3 +202,37 @@ def _no_ray_address() -> dict[str, Any]:
     import os
 
     return {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+
+
+@pytest.mark.timeout(600)
+def test_a_budget_stops_the_rounds_and_a_resume_with_more_finishes(history: tuple[Path, dict[str, str]],
+                                                                    tmp_path: Path) -> None:
+    """`--budget`: no round starts past it, what is open is reported undecided with what deciding
+    would cost; resumed with a larger budget, the search goes on from its stored probes."""
+    root, shas = history
+    runs, cache = tmp_path / "runs", tmp_path / "cache"
+    cell = ("spec_method=mtp", "env.VLLM_USE_V2_MODEL_RUNNER=1", "request.top_p=1.0")
+    scope = BisectScope(good="v0.27", bad="main", matrix_path=root / "m.yaml", where=cell)
+    # In a runs folder of its own: a bisect reads the stored evidence of every run beside it.
+    whole = run_bisect(scope, BisectOptions(runs_dir=tmp_path / "alone", cache_dir=cache, run_id="whole"),
+                       executor=choose("local", gpus=4))
+    assert "budget" not in whole.summary
+    small = whole.summary["gpu_seconds"] / 3 / 3600  # GPU-hours: a third of what the search wants
+    outcome = run_bisect(scope, BisectOptions(runs_dir=runs, cache_dir=cache, run_id="b", budget_h=small),
+                         executor=choose("local", gpus=4))
+    budget = outcome.summary["budget"]
+    assert budget["exhausted"] and budget["gpu_hours"] == small
+    starts = outcome.summary["server_starts"]
+    assert 0 < starts < whole.summary["server_starts"]
+    assert not outcome.summary["cells"][0]["done"]
+    text = render(outcome.summary)
+    assert "raise --budget" in text and f"budget {small:g} GPU-h" in text
+    # Every round but the last started within the budget: what was spent before it was less.
+    probes = analysis.load_table(outcome.run, "probes").to_pylist()
+    last = max(p["round"] for p in probes)
+    assert sum(p["gpu_seconds"] for p in probes if p["round"] < last) < small * 3600
+    more = run_bisect(scope, BisectOptions(runs_dir=runs, cache_dir=cache, resume="b", budget_h=1.0),
+                      executor=choose("local", gpus=4))
+    assert not more.summary["budget"]["exhausted"] and more.summary["server_starts"] > starts
+    found = [ch for ch in more.summary["cells"][0]["changes"] if ch["found"]]
+    assert [ch["commit"]["sha"] for ch in found] == [shas["c7"]]

@@ -144,3 +144,32 @@ def test_servers_run_elsewhere_are_evidence_the_zoom_reads(tmp_path: Path, tiny_
         summaries[name] = out.zoom_summary or ""
     assert "identified (attention_backend=TRITON_ATTN)" in summaries["with"], summaries
     assert "no informative servers left" in summaries["without"], summaries
+
+
+def test_a_budget_leaves_the_zoom_what_the_design_did_not_spend(tmp_path: Path, tiny_suite: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """`--budget` with a covering design: the design's servers are fitted first, and the zoom after it
+    runs the most informative servers the rest still covers; the report says so."""
+    from sweeper.sweep import make_plan
+
+    repo = tmp_path / "vllm"
+    make_sim_repo(repo, [("main", BUG)])
+    path = matrix_file(tmp_path, tiny_suite, repo)
+    plan = make_plan(path, tmp_path / "runs")
+    design_s = plan.estimate().gpu_seconds
+    one = plan.estimate(plan.groups[:2]).gpu_seconds - plan.estimate(plan.groups[:1]).gpu_seconds  # a server, no install
+    budget_s = design_s + 1.5 * one  # the design and one zoom server
+    outcome = run_matrix(path, runs_dir=tmp_path / "runs", run_id="b", executor=executor("local"),
+                         cache_dir=tmp_path / "cache", budget_hours=budget_s / 3600)
+    manifest = outcome.run.read_manifest()
+    assert isinstance(manifest, SweepManifest) and manifest.budget is not None
+    assert manifest.budget.servers == len(plan.groups)  # the whole design fits
+    zooms = [p for p in manifest.phases if p.kind == "zoom"]
+    assert [len(p.groups) for p in zooms] == [1]
+    assert manifest.zoom is not None and manifest.zoom.startswith("stopped: the budget is spent")
+    by_id = {g.group_id: g for g in plan.matrix.groups()}
+    ran = tuple(by_id[g] for g in outcome.run.done_groups())
+    assert plan.estimate(ran).gpu_seconds <= budget_s < plan.estimate(ran).gpu_seconds + one
+    code, out, err = run_cli(["report", "b", "--runs-dir", str(tmp_path / "runs")], capsys)
+    assert code == 0, err
+    assert "then zoom phases within what was left: 1 servers" in out

@@ -34,7 +34,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sweeper import __version__, analysis
+from sweeper import __version__, analysis, cost
 from sweeper.bisect import modes as fm
 from sweeper.bisect.evidence import (
     CELL_COLUMNS,
@@ -53,6 +53,7 @@ from sweeper.bisect.select import ends, screen, select_cell, select_cells
 from sweeper.errors import BisectError, Interrupted, SweepError
 from sweeper.executor import Executor, ExecutorFactory, choose
 from sweeper.history import History, history_for
+from sweeper.install import kind_of
 from sweeper.matrix import Cell, Matrix, ServerGroup, make_cell
 from sweeper.portable import portable_spec, repo_source
 from sweeper.records import BisectManifest, SweepManifest
@@ -99,6 +100,9 @@ class BisectOptions:
     runs_dir: str | Path = "runs"
     run_id: str | None = None  # the name of a new bisect run
     resume: str | None = None  # the bisect run to continue
+    # GPU-hours for the whole run (what earlier invocations of a resumed run spent counts): a round
+    # is started only as far as the cost model prices it within what is left.
+    budget_h: float | None = None
 
     @property
     def search(self) -> SearchOptions:
@@ -164,6 +168,13 @@ class Bisector:
         self.starts = sum(1 for g in named if PROBE_NAME.match(g))
         self.round = int(pc.max(probes["round"]).as_py() or 0) if probes.num_rows else 0
         self.gpu_seconds = float(pc.sum(probes["gpu_seconds"]).as_py() or 0.0) if probes.num_rows else 0.0
+        # Commits this run has installed (a later start there pays no install), and whether a budget
+        # stopped the rounds.
+        self.installed = set(probes.column("commit_sha").to_pylist()) if probes.num_rows else set()
+        self.budget_exhausted = False
+        spec = self.matrix.spec
+        kind = kind_of(spec.install.kind)
+        self.profile = cost.profile_for(spec, cost.stated(kind.name, kind.cost_s))
 
     # ---- the searches -----------------------------------------------------------------
 
@@ -221,6 +232,39 @@ class Bisector:
         best = sorted(jobs, key=lambda k: (-value[k], self.commits.index(k[0]), k[1]))[:slots]
         return [(commit, jobs[(commit, skey)]) for commit, skey in best]
 
+    def round_cost(self, plan: list[tuple[str, list[tuple[Target, int]]]]) -> list[float]:
+        """Modelled GPU-seconds of each of a round's server starts under the matrix's cost profile:
+        the start, its cells' requests, and the install of a commit this run has not installed yet."""
+        p, gpus = self.profile, self.matrix.spec.gpus_per_cell
+        installs = self.matrix.spec.install.kind != "preinstalled"
+        seen = set(self.installed)
+        out = []
+        for sha, wants in plan:
+            requests = len(wants) * self._repeats(wants) * self._requests_per_repeat()
+            install = p.install_s if installs and sha not in seen else 0.0
+            seen.add(sha)
+            out.append(gpus * (install + p.start_s + requests * p.request_s))
+        return out
+
+    def afford(self, plan: list[tuple[str, list[tuple[Target, int]]]]) -> list[tuple[str, list[tuple[Target, int]]]]:
+        """The longest prefix of `plan` (most valuable first) the budget still covers; none when the
+        budget is spent (`budget_exhausted`)."""
+        if self.options.budget_h is None:
+            return plan
+        left = self.options.budget_h * 3600.0 - self.gpu_seconds
+        kept = 0
+        for c in self.round_cost(plan):
+            if c > left:
+                break
+            left -= c
+            kept += 1
+        if kept == 0 and plan:
+            self.budget_exhausted = True
+        return plan[:kept]
+
+    def _repeats(self, wants: list[tuple[Target, int]]) -> int:
+        return max(1, math.ceil(max(n for _, n in wants) / self._requests_per_repeat()))
+
     def _requests_per_repeat(self) -> int:
         return max(1, sum(c.repeat for c in self.suite.cases))
 
@@ -232,7 +276,7 @@ class Bisector:
             cells = tuple(cell_at(self.matrix, t.cell, sha) for t, _ in wants)
             group = ServerGroup(cells[0].server_key, cells)
             self.probe_no += 1
-            repeats = max(1, math.ceil(max(n for _, n in wants) / self._requests_per_repeat()))
+            repeats = self._repeats(wants)
             cache_dir = self.options.cache_dir
             job = GroupJob(run_id=self.run.run_id, group=group, spec=portable_spec(self.matrix),
                            suite=self.suite, sha=sha, repo=repo_source(self.matrix.spec.install, self.span.repo),
@@ -256,6 +300,7 @@ class Bisector:
             self.run.write_log(name, result.log_text())
         self.run.write_group(name, samples_t, cells_t)
         self.starts += 1
+        self.installed.add(sha)
         starts = {st.settings_key: st for st in server_starts(cells_t.select(CELL_COLUMNS).to_pylist(),
                                                               samples_t.select(SAMPLE_COLUMNS).to_pylist(), self.labels)}
         found: list[tuple[Target, pa.Table, ProbeStatus, Sets]] = []
@@ -293,8 +338,11 @@ class Bisector:
                 self.say(round_line(self.round, [self.commits.index(sha) for sha, _ in plan], len(self.commits) - 1,
                                     starts=self.starts, reused_starts=reused, gpu_seconds=self.gpu_seconds,
                                     found=beliefs(reports, self.commits)))
-            plan = self.plan_round(searches, slots)
+            plan = self.afford(self.plan_round(searches, slots))
             if not plan:
+                if self.budget_exhausted and self.round > first:
+                    self.say(f"budget spent: {self.gpu_seconds / 3600:.2f} of {self.options.budget_h:g} GPU-h; "
+                             "the next probe is priced past what is left")
                 return reports
             self.probe(executor, plan)
 
@@ -306,6 +354,9 @@ class Bisector:
                         "reused_samples": self.reused_samples(), "reused_starts": self.reused_starts(),
                         "issue_run": self.from_run or self.run.run_id, "gpu_seconds": self.gpu_seconds,
                         "sweeper": __version__, "updated": now_utc().isoformat()})
+        if self.options.budget_h is not None:
+            summary["budget"] = {"gpu_hours": self.options.budget_h, "spent_gpu_hours": self.gpu_seconds / 3600.0,
+                                 "exhausted": self.budget_exhausted}
         self.run.write_json("bisect.json", summary)
         return summary
 

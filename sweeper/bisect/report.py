@@ -26,6 +26,10 @@
       to_decide_gpu_seconds   the modelled GPU-seconds still needed to decide every mode
       rounds, probes, samples, skipped: [[sha, reason]]
     rounds, server_starts, reused_samples, gpu_seconds   for the whole bisect
+    budget          (with `--budget` only) {gpu_hours: the budget; spent_gpu_hours: the run's GPU-seconds
+                    so far in hours; exhausted: true when a round the cost model priced past what was
+                    left was not started (what is open stays undecided, each cell's
+                    to_decide_gpu_seconds says what deciding would cost)}
     CHANGE  {mode, direction: "regression" | "fix", commit: COMMIT, candidates: [COMMIT],
              confidence, located, found, before: RATE, after: RATE, last_before: sha,
              posterior: [P(the mode's rate changes at commit j) for j = 0..N],
@@ -305,14 +309,15 @@ def _still_failing(summary: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _search_notes(cell: Mapping[str, Any]) -> list[str]:
+def _search_notes(cell: Mapping[str, Any], *, budget_spent: bool = False) -> list[str]:
     """What the search could not settle in a cell: a drift instead of a change, a limit reached, a
     mode still undecided (with what deciding would cost). Said the same in both views."""
     out = [f"the rate of {m['mode']} drifts between {d['first'][:12]} and {d['last'][:12]} "
            f"({100 * d['rate_from']:.1f}% to {100 * d['rate_to']:.1f}%), not a change at one commit"
            for m in cell["modes"] for d in m.get("drifts", [])]
     if not cell["done"]:
-        out.append(f"stopped at a limit with {cell['open']} open question(s): raise --max-samples")
+        out.append(f"stopped at a limit with {cell['open']} open question(s): "
+                   + ("raise --budget" if budget_spent else "raise --max-samples"))
     undecided = [m["mode"] for m in cell["modes"] if not m.get("decided", True)]
     if undecided and cell.get("to_decide_gpu_seconds"):
         out.append(f"undecided for {', '.join(undecided)}: about {cell['to_decide_gpu_seconds'] / 3600:.1f} "
@@ -337,7 +342,7 @@ def _cell_notes(cell: Mapping[str, Any], summary: Mapping[str, Any]) -> list[str
     unsettled = [ch for ch in cell["changes"] if not ch["found"]]
     for ch in unsettled:
         out.extend(line.strip() for line in _change(ch).splitlines()[:2])
-    out.extend(_search_notes(cell))
+    out.extend(_search_notes(cell, budget_spent=_budget_spent(summary)))
     if cell["skipped"]:
         out.append(f"{len(cell['skipped'])} untestable commit(s): "
                    + "; ".join(f"{sha[:10]} ({why})" for sha, why in cell["skipped"][:3]))
@@ -405,7 +410,16 @@ def _closing(summary: Mapping[str, Any]) -> list[str]:
     reused = _reused(summary)
     if reused:
         out.append(reused)
+    budget = summary.get("budget")
+    if budget:
+        out.append(f"budget {budget['gpu_hours']:g} GPU-h, {budget['spent_gpu_hours']:.2f} spent"
+                   + ("; the next round was priced past what was left and not started: what is open stays "
+                      "undecided (raise --budget, or --resume with a larger one)" if budget["exhausted"] else ""))
     return out + next_steps(summary)
+
+
+def _budget_spent(summary: Mapping[str, Any]) -> bool:
+    return bool((summary.get("budget") or {}).get("exhausted"))
 
 
 def _render_one(summary: dict[str, Any]) -> str:
@@ -449,7 +463,7 @@ def _render_one(summary: dict[str, Any]) -> str:
             for sw in entry.get("swaps") or []:
                 out.append(f"  {_commit(entry['commit'])} is a swap, not a fix: it ends {sw['fixed']} "
                            f"but brings {sw['brought']}; the cell still fails")
-        out.extend(f"  {line}" for line in _search_notes(cell))
+        out.extend(f"  {line}" for line in _search_notes(cell, budget_spent=_budget_spent(summary)))
         out.append(f"  {cell['probes']} probes, {cell['samples']} samples"
                    + (f", {len(cell['skipped'])} untestable commit(s)" if cell["skipped"] else ""))
     out += _closing(summary)
