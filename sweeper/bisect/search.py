@@ -72,9 +72,9 @@ from enum import StrEnum
 from sweeper.bisect.drift import Drift, PointCounts, find_drifts
 from sweeper.bisect.segments import ModePosterior, Prior, Rate, Start, posterior
 from sweeper.errors import BisectError
+from sweeper.stats import samples_to_decide, wilson
 
 SPREAD_FLOOR = 0.05  # a gap's P(change) that counts it in a run of small steps (`_drift_candidates`)
-from sweeper.stats import samples_to_decide, wilson
 
 # A learned per-start correlation above this: the mode's rate varies between server starts.
 RHO_VARIES = 0.02
@@ -556,7 +556,9 @@ class Search:
             if SPREAD_FLOOR <= p <= 0.5 and a < len(post.gap_change):
                 run.append(a)
                 continue
-            if run and sum(float(post.gap_change[b]) for b in run) >= 1.0 and not any(b + 1 in out or b - 1 in out for b in run):
+            # (A run next to a likely change is that change's own spread, not a drift of its own.)
+            beside = any(b + 1 in out or b - 1 in out for b in run)
+            if run and not beside and sum(float(post.gap_change[b]) for b in run) >= 1.0:
                 out.append(max(run, key=lambda b: float(post.gap_change[b])))
             run = []
         return sorted(out)
