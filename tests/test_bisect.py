@@ -304,8 +304,9 @@ def test_a_rate_that_varies_between_starts_earns_a_commit_more_starts() -> None:
         drive(search, lambda i: history[i >= 99], k=4, rng=np.random.default_rng(0), icc=icc)
         return max(Counter(r.index for r in search._probes).values())
 
-    assert 6 < starts_per_commit(0.15) <= 12
-    assert starts_per_commit(0.0) <= 6
+    options = SearchOptions()
+    assert options.max_starts_per_commit < starts_per_commit(0.15) <= options.max_starts_varying
+    assert starts_per_commit(0.0) <= options.max_starts_per_commit
 
 
 def test_a_location_sure_only_at_a_low_dispersion_is_not_claimed() -> None:
