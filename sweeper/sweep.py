@@ -486,12 +486,18 @@ def budget_afford(plan: Plan, outcome: RunOutcome) -> Afford:
 
     def afford(groups: tuple[ServerGroup, ...]) -> tuple[ServerGroup, ...]:
         ran = {gid for p in outcome.phases for gid in p.groups} | {g.group_id for g in plan.groups}
-        held = tuple(by_id[g] for g in sorted(ran) if g in by_id)
-        n = 0
-        while n < len(groups) and plan.estimate(held + groups[:n + 1]).gpu_seconds <= budget_s:
-            n += 1
-        return groups[:n]
+        return prefix_within(plan, groups, budget_s, held=tuple(by_id[g] for g in sorted(ran) if g in by_id))
     return afford
+
+
+def prefix_within(plan: Plan, groups: tuple[ServerGroup, ...], room_s: float,
+                  held: tuple[ServerGroup, ...] = ()) -> tuple[ServerGroup, ...]:
+    """The longest prefix of `groups` whose modelled GPU-seconds, with the servers `held` already paid
+    for beside them (their installs shared), stay within `room_s`."""
+    n = 0
+    while n < len(groups) and plan.estimate(held + groups[:n + 1]).gpu_seconds <= room_s:
+        n += 1
+    return groups[:n]
 
 
 def ran_levels(cells: pd.DataFrame) -> dict[str, dict[str, str | None]]:

@@ -43,7 +43,7 @@ from sweeper.matrix_slice import Slice
 from sweeper.report import is_failing
 from sweeper.repos import repo_for
 from sweeper.store import RunDir, new_run_id, now_utc, open_run
-from sweeper.sweep import Afford, Plan, ZoomOptions, make_plan, run_matrix
+from sweeper.sweep import Afford, Plan, ZoomOptions, make_plan, prefix_within, run_matrix
 from sweeper.triage_record import RECORD, Phase, TriageRecord, from_json, to_json
 
 DEFAULT_DESIGN = DesignSpec(kind="covering", strength=3)
@@ -233,10 +233,7 @@ class Triage:
             # What is left once the phase under way is paid as modelled (its design's servers).
             room = (self.left_s() or 0.0) - sum(p.modelled_gpu_s or 0.0 for p in self.record.phases
                                                 if p.status not in ("done", "skipped"))
-            n = 0
-            while n < len(groups) and plan.estimate(groups[:n + 1]).gpu_seconds <= room:
-                n += 1
-            return groups[:n]
+            return prefix_within(plan, groups, room)
         return afford
 
     def _exists(self, run_id: str) -> bool:

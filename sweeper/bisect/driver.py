@@ -53,7 +53,6 @@ from sweeper.bisect.select import ends, screen, select_cell, select_cells
 from sweeper.errors import BisectError, Interrupted, SweepError
 from sweeper.executor import Executor, ExecutorFactory, choose
 from sweeper.history import History, history_for
-from sweeper.install import kind_of
 from sweeper.matrix import Cell, Matrix, ServerGroup, make_cell
 from sweeper.portable import portable_spec, repo_source
 from sweeper.records import BisectManifest, SweepManifest
@@ -69,6 +68,7 @@ from sweeper.store import (
     table,
 )
 from sweeper.suite import Suite, load_suites
+from sweeper.sweep import stated_profile
 
 # A probe's group name: its number, then the commit (see Bisector._store).
 PROBE_NAME = re.compile(r"p(\d+)-")
@@ -172,9 +172,7 @@ class Bisector:
         # stopped the rounds.
         self.installed = set(probes.column("commit_sha").to_pylist()) if probes.num_rows else set()
         self.budget_exhausted = False
-        spec = self.matrix.spec
-        kind = kind_of(spec.install.kind)
-        self.profile = cost.profile_for(spec, cost.stated(kind.name, kind.cost_s))
+        self.profile = cost.profile_for(self.matrix.spec, stated_profile(self.matrix.spec))
 
     # ---- the searches -----------------------------------------------------------------
 
@@ -235,15 +233,15 @@ class Bisector:
     def round_cost(self, plan: list[tuple[str, list[tuple[Target, int]]]]) -> list[float]:
         """Modelled GPU-seconds of each of a round's server starts under the matrix's cost profile:
         the start, its cells' requests, and the install of a commit this run has not installed yet."""
-        p, gpus = self.profile, self.matrix.spec.gpus_per_cell
-        installs = self.matrix.spec.install.kind != "preinstalled"
+        spec = self.matrix.spec
+        installs = spec.install.kind != "preinstalled"
         seen = set(self.installed)
         out = []
         for sha, wants in plan:
             requests = len(wants) * self._repeats(wants) * self._requests_per_repeat()
-            install = p.install_s if installs and sha not in seen else 0.0
+            out.append(cost.Estimate(installs=int(installs and sha not in seen), starts=1, requests=requests,
+                                     gpus_per_cell=spec.gpus_per_cell, profile=self.profile).gpu_seconds)
             seen.add(sha)
-            out.append(gpus * (install + p.start_s + requests * p.request_s))
         return out
 
     def afford(self, plan: list[tuple[str, list[tuple[Target, int]]]]) -> list[tuple[str, list[tuple[Target, int]]]]:

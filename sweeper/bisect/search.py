@@ -101,7 +101,10 @@ class SearchOptions:
     max_samples: int | None = None  # over the whole search
     max_rounds: int | None = None
     max_starts_per_commit: int = 6
-    max_starts_varying: int = 24  # once some mode's rate varies between server starts (12 found the ICC 0.2-0.4 step in 41 %, 24 in 49 %, at the same cost where 12 finds it)
+    # Once some mode's rate varies between server starts (each start is then worth a few samples):
+    # 24 finds an ICC 0.2-0.4 step in 49 % of histories where 12 found 41 %, at the same cost where
+    # 12 finds it (BENCHMARKS.md).
+    max_starts_varying: int = 24
     max_samples_per_commit: int = 12000
     first_batch: int = 64
     min_batch: int = 16
