@@ -156,7 +156,9 @@ class Plan:
         return self.design.spec.kind == "covering" and len(self.design.groups) < self.design.full_groups
 
 
-Afford = Callable[[tuple[ServerGroup, ...]], tuple[ServerGroup, ...]]
+# A zoom phase's budget hook: (the phase's servers, most informative first; the servers this run
+# has planned before them, the design's and earlier phases') -> the prefix to run.
+Afford = Callable[[tuple[ServerGroup, ...], tuple[ServerGroup, ...]], tuple[ServerGroup, ...]]
 
 
 @dataclass(frozen=True)
@@ -370,7 +372,7 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | N
     outcome.phases = list(phases_of(manifest, sorted(done))) if isinstance(manifest, SweepManifest) else []
     zooming = options.enabled and plan.zooms
     if zooming and plan.budget is not None and options.afford is None:
-        options = dataclasses.replace(options, afford=budget_afford(plan, outcome))
+        options = dataclasses.replace(options, afford=budget_afford(plan))
     if on_plan:
         on_plan(plan, len(jobs))
     if not jobs and not zooming:
@@ -458,7 +460,7 @@ def _zoom(plan: Plan, run: RunDir, ex: Executor, outcome: RunOutcome, options: Z
         if depth >= options.max_phases:
             why = f"the zoom's {options.max_phases} phases are spent"
             break
-        chosen = options.afford(step.groups) if options.afford else step.groups
+        chosen = options.afford(step.groups, _held(plan, outcome)) if options.afford else step.groups
         if not chosen:
             why = "the budget is spent"
             break
@@ -475,19 +477,24 @@ def _zoom(plan: Plan, run: RunDir, ex: Executor, outcome: RunOutcome, options: Z
     _record_phases(run, outcome.phases, outcome.zoom_summary)
 
 
-def budget_afford(plan: Plan, outcome: RunOutcome) -> Afford:
+def budget_afford(plan: Plan) -> Afford:
     """The zoom's hook under `sweep matrix --budget`: the longest prefix of a zoom phase's servers
     (most informative first) that fits into the budget once every phase so far is paid as the cost
     model prices it (the plan's: its stated profile and modelled samples per cell, as the design's
     servers were fitted; an install is paid once per commit)."""
     assert plan.budget is not None
     budget_s = plan.budget.budget_s
-    by_id = {g.group_id: g for g in plan.matrix.groups()}
 
-    def afford(groups: tuple[ServerGroup, ...]) -> tuple[ServerGroup, ...]:
-        ran = {gid for p in outcome.phases for gid in p.groups} | {g.group_id for g in plan.groups}
-        return prefix_within(plan, groups, budget_s, held=tuple(by_id[g] for g in sorted(ran) if g in by_id))
+    def afford(groups: tuple[ServerGroup, ...], held: tuple[ServerGroup, ...]) -> tuple[ServerGroup, ...]:
+        return prefix_within(plan, groups, budget_s, held=held)
     return afford
+
+
+def _held(plan: Plan, outcome: RunOutcome) -> tuple[ServerGroup, ...]:
+    """The servers a run has planned so far: its design's and every zoom phase's."""
+    by_id = {g.group_id: g for g in plan.matrix.groups()}
+    ran = {gid for p in outcome.phases for gid in p.groups} | {g.group_id for g in plan.groups}
+    return tuple(by_id[g] for g in sorted(ran) if g in by_id)
 
 
 def prefix_within(plan: Plan, groups: tuple[ServerGroup, ...], room_s: float,

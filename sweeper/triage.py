@@ -218,22 +218,23 @@ class Triage:
                              # mode its runner term at bad (the MTP V1 cells stopped clean after a few
                              # budget samples: "spec_method=mtp" alone was named), with as many starts.
                              adaptive=False,
-                             zoom_options=ZoomOptions(enabled=zoom, afford=self._afford(plan), evidence=evidence))
+                             zoom_options=ZoomOptions(enabled=zoom, afford=self._afford(plan, phase),
+                                                      evidence=evidence))
         phase.status, phase.gpu_s, phase.starts = "done", gpu_seconds_of(outcome.run), starts_of(outcome.run)
         self.save()
         return outcome.run
 
-    def _afford(self, plan: Plan) -> Afford | None:
-        """The zoom's budget hook: the longest prefix of a zoom phase's servers the budget still
-        covers, as the cost model prices them (the phases before it counted as modelled)."""
+    def _afford(self, plan: Plan, phase: Phase) -> Afford | None:
+        """The zoom's budget hook for the sweep `phase`: the longest prefix of a zoom phase's servers
+        the budget still covers once the phases done are paid as spent and this one as the cost model
+        prices it (its design's servers, the zoom phases before, installs once per commit)."""
         if self.record.budget_h is None:
             return None
 
-        def afford(groups: tuple[ServerGroup, ...]) -> tuple[ServerGroup, ...]:
-            # What is left once the phase under way is paid as modelled (its design's servers).
+        def afford(groups: tuple[ServerGroup, ...], held: tuple[ServerGroup, ...]) -> tuple[ServerGroup, ...]:
             room = (self.left_s() or 0.0) - sum(p.modelled_gpu_s or 0.0 for p in self.record.phases
-                                                if p.status not in ("done", "skipped"))
-            return prefix_within(plan, groups, room)
+                                                if p is not phase and p.status not in ("done", "skipped"))
+            return prefix_within(plan, groups, room, held=held)
         return afford
 
     def _exists(self, run_id: str) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from sweeper.bisect import BisectReport, Direction, Search, SearchOptions
+from sweeper.bisect import BadEndpoint, BisectReport, Direction, Search, SearchOptions
 from sweeper.bisect.drift import PointCounts, find_drifts
 from sweeper.bisect.segments import Prior, Start, posterior
 
@@ -201,3 +201,31 @@ def test_no_change_is_reached_on_a_constant_rate_and_a_1_3x_step_is_still_a_chan
         reached += posterior(flat(seed), 200, Prior.default()).no_change >= 0.99
         assert posterior(flat(seed + 100, step_at=20, ratio=1.3), 200, Prior.default()).no_change < 0.01, seed
     assert reached >= 18, reached
+
+
+def test_a_bad_endpoint_passes_only_on_clean_samples_from_several_starts() -> None:
+    # Three clean starts (64, 64, 331) held the 459 samples that bound a steady rate under 1 %, and
+    # the bad endpoint "passed"; a 4 % rate varying between starts with ICC 0.1 is clean in all three
+    # 6 % of the time. The same samples must now come from `pass_starts` starts.
+    search = Search([f"c{i}" for i in range(21)])
+    asked = []
+    while not search.done:
+        for req in search.ask(4):
+            if req.commit == "c20":
+                asked.append(req.samples)
+            search.tell(req.commit, req.samples, {})
+    report = search.result()
+    assert report.bad_endpoint is BadEndpoint.PASSES
+    assert len(asked) == 6 and sum(asked) >= 459  # the default pass_starts
+    assert max(asked[2:]) <= 100  # the missing samples shared among the missing starts
+
+    # Clean in three starts of 459 samples: not yet a pass; a failure in the fourth makes a mode.
+    search = Search([f"c{i}" for i in range(21)])
+    for n in (64, 64, 331):
+        search.tell("c20", n, {})
+    for _ in range(2):
+        search.tell("c0", 64, {})
+    assert search.bad_endpoint() is BadEndpoint.UNDECIDED
+    assert any(r.commit == "c20" for r in search.ask(4))
+    search.tell("c20", 83, {"fsm_log": 5})
+    assert search.bad_endpoint() is BadEndpoint.FAILS

@@ -444,3 +444,35 @@ def test_interrupted_triage_resumes_to_the_same_reports(planted: tuple[Path, dic
     for phase in ("bad", "good"):
         logs = runs / "r" / "phases" / phase / "logs"
         assert starts_in_logs(logs.parent) == len(list(logs.glob("*.log")))
+
+
+def test_the_zoom_under_a_budget_pays_the_design_and_every_earlier_zoom_phase(
+        planted: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    """A triage's zoom hook prices a zoom phase's servers beside those the sweep has planned already
+    (the design's, earlier zoom phases'): a second phase gets only what the first left, and a commit
+    the design installed is not paid for again."""
+    from sweeper.design import DesignSpec
+    from sweeper.sweep import make_plan
+    from sweeper.triage import Triage
+
+    root, _ = planted
+    # Three axes of 3 x 2 x 2 at one commit: a covering of strength 2 leaves servers for a zoom.
+    text = MATRIX.format(commits="main").replace("suite: small.yaml", f"suite: {root / 'small.yaml'}") \
+        .replace("repo: vllm", f"repo: {root / 'vllm'}") + "  async_scheduling: [true, false]\n"
+    (tmp_path / "m.yaml").write_text(text)
+    t = Triage(TriageScope(tmp_path / "m.yaml", "v0.27", "main"),
+               TriageOptions(runs_dir=tmp_path / "runs", run_id="t", budget_h=100.0,
+                             design=DesignSpec(kind="covering", strength=2)), None, lambda _: None)
+    plan = make_plan(tmp_path / "m.yaml", t.phases, design_spec=t.design, cut=Slice(commit=t.bad_ref))
+    rest = tuple(g for g in plan.matrix.groups() if g.group_id not in {h.group_id for h in plan.groups})
+    assert len(rest) >= 2
+    one = plan.estimate(plan.groups + rest[:1]).gpu_seconds - plan.estimate(plan.groups).gpu_seconds
+    # Room for the design and one more server (no install: the design installed the commit).
+    t.record.budget_h = (plan.estimate().gpu_seconds + 1.5 * one) / 3600
+    phase = t.record.add_phase(Phase("bad", "sweep", "bad"))
+    phase.modelled_gpu_s = plan.estimate().gpu_seconds
+    afford = t._afford(plan, phase)
+    assert afford is not None
+    first = afford(rest, plan.groups)
+    assert first == rest[:1]
+    assert afford(rest[1:], plan.groups + first) == ()  # the first zoom phase spent the room
