@@ -103,9 +103,9 @@ class SearchOptions:
     max_rounds: int | None = None
     max_starts_per_commit: int = 6
     # Once some mode's rate varies between server starts (each start is then worth a few samples):
-    # 24 finds an ICC 0.2-0.4 step in 49 % of histories where 12 found 41 %, at the same cost where
-    # 12 finds it (BENCHMARKS.md).
-    max_starts_varying: int = 24
+    # 48 finds an ICC 0.2-0.4 step in 69 % of histories where 24 found 53 % and 12 41 %, at the same
+    # cost where fewer find it; 96 finds 76 %, with a tail of 700-1,300 starts (BENCHMARKS.md).
+    max_starts_varying: int = 48
     max_samples_per_commit: int = 12000
     first_batch: int = 64
     min_batch: int = 16
