@@ -204,9 +204,9 @@ def test_no_change_is_reached_on_a_constant_rate_and_a_1_3x_step_is_still_a_chan
 
 
 def test_a_bad_endpoint_passes_only_on_clean_samples_from_several_starts() -> None:
-    # Three clean starts (64, 64, 331) held the 459 samples that bound a steady rate under 1 %, and
-    # the bad endpoint "passed"; a 4 % rate varying between starts with ICC 0.1 is clean in all three
-    # 6 % of the time. The same samples must now come from `pass_starts` starts.
+    # Two clean starts (64, 395) held the 459 samples that bound a steady rate under 1 %, and the bad
+    # endpoint "passed"; a 4 % rate varying between starts with ICC 0.1 is clean in both 11 % of the
+    # time. The same samples must now come from `pass_starts` starts.
     search = Search([f"c{i}" for i in range(21)])
     asked = []
     while not search.done:

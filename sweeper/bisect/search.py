@@ -126,8 +126,8 @@ class SearchOptions:
     explore: float = 0.05  # a gap this likely to hold a change is searched
     endpoint_starts: int = 2
     # Clean server starts at `bad` before it "passes" (at most `max_starts_per_commit`). The clean
-    # samples are the same either way; spread over 6 starts rather than 3, a rate of 4 % varying
-    # between starts with ICC 0.1, or of 8 % with ICC 0.2, shows at 99 % (over 3: at 94 % and 97 %;
+    # samples are the same either way; spread over 6 starts rather than 2, a rate of 4 % varying
+    # between starts with ICC 0.1, or of 8 % with ICC 0.2, shows at 99 % (over 2: at 89 % and 92 %;
     # a steady 1 % at 99 % both ways). One start can draw a rate near 0 where the mean is 5 %.
     pass_starts: int = 6
     prior: Prior | None = None  # None: Prior.default()
