@@ -470,7 +470,7 @@ def test_the_zoom_under_a_budget_pays_the_design_and_every_earlier_zoom_phase(
     # Room for the design and one more server (no install: the design installed the commit).
     t.record.budget_h = (plan.estimate().gpu_seconds + 1.5 * one) / 3600
     phase = t.record.add_phase(Phase("bad", "sweep", "bad"))
-    phase.modelled_gpu_s = plan.estimate().gpu_seconds
+    phase.modelled_gpu_s = plan.estimate().gpu_seconds  # the phase under way: paid once, through `held`
     afford = t._afford(plan, phase)
     assert afford is not None
     first = afford(rest, plan.groups)
