@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import zipfile
@@ -17,6 +18,7 @@ import pytest
 from sweeper import environments, gitrepo
 from sweeper.environments import Installed, clear, evict, in_use, list_environments, prepare
 from sweeper.errors import InstallError
+from sweeper.install import steps
 from sweeper.matrix import Install
 
 needs_uv = pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not on PATH")
@@ -79,6 +81,19 @@ def test_source_kind_installs_the_commit_editable(fake_vllm_repo, tmp_path: Path
     # clear by commit removes the worktree from git's list too.
     assert clear(tmp_path / "cache", commit=shas[0][:10]) == [Path(first.root).name]
     assert str(Path(first.root) / "src") not in git(repo, "worktree", "list")
+
+
+def test_an_install_steps_scratch_stays_in_its_environment_and_goes_with_the_step(tmp_path: Path) -> None:
+    # uv's build backend leaves lock files in the temp folder; on a shared node they would pile up there.
+    root = tmp_path / "env"
+    root.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    out = steps.run(["sh", "-c", 'touch "$TMPDIR/scratch-$$" && echo "$TMPDIR" && echo $$'], root,
+                    env={**os.environ, "TMPDIR": str(tmp_path / "elsewhere")})
+    scratch, pid = out.split()
+    assert Path(scratch) == root / ".tmp"
+    assert not (root / ".tmp").exists() and not any((tmp_path / "elsewhere").iterdir())
+    assert not (Path(tempfile.gettempdir()) / f"scratch-{pid}").exists()
 
 
 @needs_uv

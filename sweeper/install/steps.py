@@ -5,6 +5,7 @@ environment's interpreter for its vLLM version (the `dist_version` probe)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -22,11 +23,18 @@ _TAIL = 4000
 def run(argv: Sequence[str], root: Path, *, env: Mapping[str, str] | None = None) -> str:
     """Run one installer step, logging to root/install.log; InstallError with the output's tail on failure."""
     log = log_step(root, argv)
+    # The installers' scratch (uv leaves build-backend lock files in the temp folder) stays in the
+    # environment's folder and goes with the step, not in the node's shared temp folder.
+    scratch = root / ".tmp"
+    scratch.mkdir(parents=True, exist_ok=True)
     try:
-        proc = subprocess.run(list(argv), capture_output=True, text=True, env=dict(env) if env else None,
+        proc = subprocess.run(list(argv), capture_output=True, text=True,
+                              env={**(env if env is not None else os.environ), "TMPDIR": str(scratch)},
                               timeout=INSTALL_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise InstallError(f"{Path(argv[0]).name} failed to run: {exc}") from exc
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     with open(log, "a") as fh:
         fh.write(proc.stdout + proc.stderr)
     if proc.returncode != 0:
