@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from sweeper.bisect import BadEndpoint, BisectReport, Direction, Search, SearchOptions
+from sweeper.bisect import BadEndpoint, BisectReport, Direction, Observation, Search, SearchOptions
 from sweeper.bisect.drift import PointCounts, find_drifts
 from sweeper.bisect.segments import Prior, Start, posterior
 
@@ -229,3 +229,39 @@ def test_a_bad_endpoint_passes_only_on_clean_samples_from_several_starts() -> No
     assert any(r.commit == "c20" for r in search.ask(4))
     search.tell("c20", 83, {"fsm_log": 5})
     assert search.bad_endpoint() is BadEndpoint.FAILS
+
+
+def _told(n: int, counts: dict[int, list[tuple[int, int]]]) -> Search:
+    """A search over c0..cn already told these starts: commit index -> [(failures, samples), ...]."""
+    obs = [Observation(f"c{i}", samples, {"m": k}) for i, starts in counts.items() for k, samples in starts]
+    return Search(commits(n), SearchOptions(), observations=obs)
+
+
+# A 1.6x step at c26 (4.4 % -> 7 %), probed on both sides of it, among single starts of 80-113 samples.
+_AROUND = {0: [(3, 64)] * 2, 13: [(5, 113)], 20: [(4, 80)], 24: [(4, 100)], 27: [(7, 100)], 30: [(7, 100)],
+           40: [(6, 80)], 50: [(6, 80)]}
+
+
+def test_the_two_sides_of_an_unsure_step_get_starts_sized_for_their_own_contrast() -> None:
+    # The same mode also jumps to 37 % at c51. Planned for that contrast (the mode's largest), the
+    # sides of the unsure step at c26 got starts of 18 samples, and reached their cap of starts
+    # with the step still in doubt (P 0.4 after 6 starts of 17 samples each side, in a benchmark history).
+    search = _told(60, {**_AROUND, 25: [(14, 320), (15, 320)], 26: [(29, 320), (27, 320)],
+                        51: [(24, 64)] * 2, 52: [(24, 64)], 55: [(24, 64)], 60: [(24, 64)] * 2})
+    post = search.mode_posterior("m")
+    assert post.gap_change[post.points.index(25)] > 0.01 and post.gap_change[post.points.index(50)] > 0.99
+    asked = {req.commit: req.samples for req in search.ask(4)}
+    side = asked.get("c25", asked.get("c26"))
+    assert side is not None and side >= 300, asked
+
+
+def test_a_step_in_doubt_past_the_cap_of_starts_gets_more_starts() -> None:
+    # Both sides of the step have had the 6 starts a commit gets while starts agree (the learned ICC
+    # is ~0), and P(change) is 0.26: the search stopped there, leaving the step unclaimed. The sides
+    # of a step in doubt may have more (`max_starts_in_doubt`).
+    search = _told(60, {**_AROUND, 60: [(5, 64)] * 2,
+                        25: [(k, 320) for k in (13, 15, 14, 12, 16, 15)], 26: [(k, 320) for k in (24, 21, 22, 20, 23, 22)]})
+    post = search.mode_posterior("m")
+    assert post.rho < 0.02 and 0.05 < post.gap_change[post.points.index(25)] < 0.95
+    asked = [req.commit for req in search.ask(4)]
+    assert {"c25", "c26"} & set(asked), asked

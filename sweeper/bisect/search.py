@@ -36,9 +36,11 @@ How a round is chosen. Every mode names the commits it wants, each with a value:
   on two changes inside it (a short bump: a regression and its fix): the same, worth that
   probability;
 * for a gap already down to one testable commit whose change is still unsure: one more start on
-  the side with fewer samples, worth min(P, 1 - P);
+  the side with fewer samples, worth min(P, 1 - P), sized for the contrast the two commits' own
+  counts show (at least 2x; not the mode's largest), up to `max_starts_in_doubt` starts a side;
 * for a located change that the mixture over dispersions is sure of but some credible dispersion
-  is not (`robust_dispersion`): one more start on the side with fewer starts.
+  is not (`robust_dispersion`): one more start on the side with fewer starts, up to
+  `max_starts_varying` (the data leave a varying rate credible).
 * for a mode with no change in view whose P(no change) is short of `confidence` (and above
   1 - `confidence`): more samples at the ends, then at any probed commit. The search stops on
   evidence, not when a change merely looks unlikely.
@@ -106,6 +108,10 @@ class SearchOptions:
     # 48 finds an ICC 0.2-0.4 step in 69 % of histories where 24 found 53 % and 12 41 %, at the same
     # cost where fewer find it; 96 finds 76 %, with a tail of 700-1,300 starts (BENCHMARKS.md).
     max_starts_varying: int = 48
+    # Starts for each side of a step located to one commit but still in doubt (while starts agree):
+    # six starts of a few hundred samples left 1.3-2x steps at P 0.9 for good. 24 finds a 1.3-1.5x
+    # step in 83 % of histories where 6 found 69 % (12: 79 %), at the same median cost (BENCHMARKS.md).
+    max_starts_in_doubt: int = 24
     max_samples_per_commit: int = 12000
     first_batch: int = 64
     min_batch: int = 16
@@ -410,8 +416,8 @@ class Search:
             return self.max_starts_varying
         return self.max_starts
 
-    def _probeable(self, i: int) -> bool:
-        return (i not in self._skipped and self._starts(i) < self._start_cap()
+    def _probeable(self, i: int, cap: int | None = None) -> bool:
+        return (i not in self._skipped and self._starts(i) < (cap or self._start_cap())
                 and self._samples_at(i) < self.max_commit_samples)
 
     def bad_endpoint(self) -> BadEndpoint:
@@ -490,13 +496,23 @@ class Search:
                     needs.append(_Need(bump, inside, self._batch(r, 3 * r + self.min_rate, post.rho), split=True))
             elif 1 - self.confidence < p < self.confidence and max(seg_lo.high, seg_hi.high) >= self.min_rate:
                 # (Both sides credibly below min_rate: a change between them is below resolution.)
-                self._resample(needs, lo, hi, 2 * min(float(p), 1 - float(p)), n)
+                # The question is whether these two commits differ: a start planned for the contrast
+                # their own counts show, not the mode's largest (a mode that also steps 25x elsewhere got
+                # starts of 16 samples here, and reached its cap of starts with the gap still at P 0.4).
+                # At least 2x: a smaller step adds starts instead; planned for 1.3x, the ramp of a drift
+                # cost 40 % more GPU time, its neighbouring commits a few percent apart.
+                r_lo, r_hi = sorted((self._point_rate(mode, lo), self._point_rate(mode, hi)))
+                self._resample(needs, lo, hi, 2 * min(float(p), 1 - float(p)),
+                               self._batch(r_lo, max(r_hi, 2 * r_lo), post.rho),
+                               cap=max(self._start_cap(), self.options.max_starts_in_doubt))
             elif p >= self.confidence and not self._two_starts_each(lo, hi, post.rho):
                 self._resample(needs, lo, hi, 0.5, n, by_starts=True)
             elif p >= self.confidence and not self._sure_at_any_dispersion(post, a):
                 # Sure only if starts vary little: more starts on each side tell a change
-                # from a few odd starts.
-                self._resample(needs, lo, hi, 2 * (1 - float(post.gap_change_low[a])), n, by_starts=True)
+                # from a few odd starts. The data leave a varying rate credible, so the sides may
+                # have the starts of one (a commit of six starts stopped a step at 0.96 for good).
+                self._resample(needs, lo, hi, 2 * (1 - float(post.gap_change_low[a])), n, by_starts=True,
+                               cap=self.max_starts_varying)
         asked = len(needs) > before or any(p > 0.5 for p in post.gap_change)
         if not asked and 1 - self.confidence < post.no_change < self.confidence:
             # Some change may be there but spread over every gap: only more samples at the ends
@@ -526,6 +542,11 @@ class Search:
             if wilson(k, self._samples_at(i))[1] >= self.min_rate:
                 return False
         return True
+
+    def _point_rate(self, mode: str, i: int) -> float:
+        """The rate commit i's own samples show for `mode`, pulled off 0 by half a failure."""
+        k = sum(p.failures.get(mode, 0) for p in self._probes if p.index == i)
+        return (k + 0.5) / (self._samples_at(i) + 1.0)
 
     def _bump_probability(self, gap: int) -> float:
         """The prior's probability of two or more changes among `gap` commits."""
@@ -586,8 +607,8 @@ class Search:
         return min(self._starts(lo), self._starts(hi)) >= 2
 
     def _resample(self, needs: list[_Need], lo: int, hi: int, value: float, n: int, *,
-                  by_starts: bool = False) -> None:
-        sides = sorted((x for x in (lo, hi) if self._probeable(x)),
+                  by_starts: bool = False, cap: int | None = None) -> None:
+        sides = sorted((x for x in (lo, hi) if self._probeable(x, cap)),
                        key=lambda x: ((self._starts(x),) if by_starts else ()) + (self._samples_at(x), x))
         if sides:
             needs.append(_Need(value, (sides[0],), n))
