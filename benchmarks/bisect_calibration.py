@@ -334,9 +334,10 @@ def report(results: list[dict], args: argparse.Namespace, elapsed: float, compar
         by[(r["family"], r["k"])].append(r)
     families = [f for f in FAMILIES if any(f == fam for fam, _ in by)]
     what = f"old search at {args.old}" if args.old else f"sweeper.bisect.Search from {args.src or 'the install'}"
+    ran = (f"{len(results)} searches read from {args.from_json}" if args.from_json
+           else f"{len(results)} searches in {elapsed:.0f} s on {args.workers} processes")
     print(f"{what}: {args.histories} histories per family, K in {args.ks}, confidence {args.confidence}, "
-          f"max_samples {args.max_samples}, seed {args.seed}; {len(results)} searches in {elapsed:.0f} s "
-          f"on {args.workers} processes\n")
+          f"max_samples {args.max_samples}, seed {args.seed}; {ran}\n")
     if errors:
         print(f"**{len(errors)} searches failed**; first: family {errors[0]['family']} #{errors[0]['i']} "
               f"K={errors[0]['k']}:\n```\n{errors[0]['error']}\n```\n")
@@ -495,6 +496,8 @@ def main() -> None:
                     "the commit being measured) instead of the installed one")
     ap.add_argument("--json", default=None, help="write every search's result here")
     ap.add_argument("--compare", default=None, help="a --json file of an earlier run to set the cost next to")
+    ap.add_argument("--from-json", default=None, metavar="JSON",
+                    help="report a --json file of an earlier run (with its arguments) instead of searching again")
     ap.add_argument("--examples", type=int, default=3, help="wrong/missed histories shown per family")
     ap.add_argument("--search", action="append", default=[], metavar="KEY=VALUE",
                     help="a field of sweeper.bisect.SearchOptions other than its default (repeatable), e.g. "
@@ -518,6 +521,12 @@ def main() -> None:
     order = np.random.default_rng(0).permutation(len(tasks))
     tasks = [tasks[j] for j in order]
 
+    compare = json.loads(Path(args.compare).read_text()) if args.compare else None
+    if args.from_json:
+        results = [r for r in json.loads(Path(args.from_json).read_text()) if r["family"] in families or
+                   r["family"] == STEP_LINE]
+        report(results, args, 0.0, compare)
+        return
     start = time.perf_counter()
     results = []
     with mp.Pool(args.workers, initializer=_init, initargs=(args.old, args.src, options)) as pool:
@@ -528,7 +537,6 @@ def main() -> None:
     elapsed = time.perf_counter() - start
     if args.json:
         Path(args.json).write_text(json.dumps(results))
-    compare = json.loads(Path(args.compare).read_text()) if args.compare else None
     report(results, args, elapsed, compare)
 
 
