@@ -109,8 +109,9 @@ class SearchOptions:
     # cost where fewer find it; 96 finds 76 %, with a tail of 700-1,300 starts (BENCHMARKS.md).
     max_starts_varying: int = 48
     # Starts for each side of a step located to one commit but still in doubt (while starts agree):
-    # six starts of a few hundred samples left 1.3-2x steps at P 0.9 for good. 24 finds a 1.3-1.5x
-    # step in 83 % of histories where 6 found 69 % (12: 79 %), at the same median cost (BENCHMARKS.md).
+    # six starts of a few hundred samples left 1.3-2x steps at P 0.9 for good. With this (and starts
+    # sized for the step), 1.5-2x steps are found in 94 % of 500 histories where 87 % were; 12 and 24
+    # differed by one history of 100, at the same median cost (BENCHMARKS.md).
     max_starts_in_doubt: int = 24
     max_samples_per_commit: int = 12000
     first_batch: int = 64
