@@ -244,7 +244,7 @@ _AROUND = {0: [(3, 64)] * 2, 13: [(5, 113)], 20: [(4, 80)], 24: [(4, 100)], 27: 
 
 def test_the_two_sides_of_an_unsure_step_get_starts_sized_for_their_own_contrast() -> None:
     # The same mode also jumps to 37 % at c51. Planned for that contrast (the mode's largest), the
-    # sides of the unsure step at c26 got starts of 18 samples, and reached their cap of starts
+    # sides of the unsure step at c26 got starts of 19 samples, and reached their cap of starts
     # with the step still in doubt (P 0.4 after 6 starts of 17 samples each side, in a benchmark history).
     search = _told(60, {**_AROUND, 25: [(14, 320), (15, 320)], 26: [(29, 320), (27, 320)],
                         51: [(24, 64)] * 2, 52: [(24, 64)], 55: [(24, 64)], 60: [(24, 64)] * 2})
