@@ -547,6 +547,11 @@ def bisect_cmd(
                                                  help="GPU-hours for the whole run, as the cost model prices each "
                                                       "server start: no probe starts past it, and what is open is "
                                                       "reported undecided with what deciding would cost.")] = None,
+    bumps: Annotated[int | None, typer.Option("--bumps", metavar="COMMITS",
+                                              help="Also look for a regression fixed again inside the range, at "
+                                                   "least COMMITS commits wide: a probe in every run of COMMITS "
+                                                   "commits (about N / COMMITS server starts per cell over N "
+                                                   "commits), whatever the ends show.")] = None,
     runs_dir: RunsDir = "runs",
     run_id: Annotated[str | None, typer.Option(help="Name of the new bisect run.")] = None,
     resume: Annotated[str | None, typer.Option(help="Continue this bisect run.")] = None,
@@ -572,9 +577,11 @@ def bisect_cmd(
                                repo=repo)
     if budget is not None and not (0 < budget < float("inf")):
         raise ConfigError(f"expected a number of GPU-hours above 0, got {budget:g}", key="--budget")
+    if bumps is not None and bumps < 1:
+        raise ConfigError(f"expected a number of commits >= 1, got {bumps}", key="--bumps")
     options = driver.BisectOptions(confidence=confidence, max_samples=max_samples, parallel=parallel, widen=widen,
                                    cache_dir=cache_dir, runs_dir=runs_dir, run_id=run_id, resume=resume,
-                                   budget_h=budget)
+                                   budget_h=budget, bump_width=bumps)
     try:
         outcome = driver.run_bisect(scope, options, executor=choose(executor, address=address, gpus=gpus),
                                     on_event=lambda line: err.print(line, markup=False, highlight=False))

@@ -291,12 +291,38 @@ def test_no_change_is_said_flatly_only_at_the_target() -> None:
     assert ("no change in the range" in text) == (mode.no_change >= 0.99)
     # A stored report read back with a looser target: the same posterior now reaches it.
     summary["confidence"] = min(mode.no_change, 0.9)
-    assert "  no change in the range (none of 1.15x or more in the odds of failing)" in render(summary).splitlines()
+    assert any(line.startswith("  no change in the range (none of 1.15x or more in the odds of failing)")
+               for line in render(summary).splitlines())
+
+
+def test_no_change_says_how_wide_a_fixed_regression_could_hide_between_probes() -> None:
+    # "No change" is about the probed commits: a regression fixed again between two of them shows at
+    # neither. The report says how many commits in a row went unprobed, and how to look; with a
+    # scan (`--bumps`), how wide what it could still miss is, and no hint.
+    from sweeper.bisect.report import render
+
+    cs = commits(60)
+    report = drive(Search(cs), lambda i: {"a": 0.3}, k=4)
+    summary = summary_of(report, cs)
+    (cell,) = summary["cells"]
+    gaps = [b - a - 1 for a, b, _ in report.modes[0].gaps]
+    assert cell["widest_unprobed"] == report.widest_unprobed == max(gaps) > 3 and summary["bump_width"] is None
+    summary["confidence"] = min(report.modes[0].no_change, 0.9)
+    line = f"  no change in the range (none of 1.15x or more in the odds of failing); a regression fixed again " \
+           f"within {max(gaps)} commits could lie between two probed ones (--bumps N probes every N commits)"
+    assert line in render(summary).splitlines()
+    scanned = drive(Search(cs, SearchOptions(bump_width=3)), lambda i: {"a": 0.3}, k=4)
+    summary = summary_of(scanned, cs)
+    assert summary["bump_width"] == 3 and summary["cells"][0]["widest_unprobed"] <= 2
+    summary["confidence"] = min(scanned.modes[0].no_change, 0.9)
+    text = render(summary)
+    assert "could lie between two probed ones" in text and "--bumps" not in text
 
 
 def test_a_rate_that_varies_between_starts_earns_a_commit_more_starts() -> None:
     """Each start draws its own rate: only more starts narrow a commit's rate, so such a search may
-    start a commit up to max_starts_varying times; a steady rate keeps max_starts_per_commit."""
+    start a commit up to max_starts_varying times; a steady rate keeps max_starts_per_commit, or the
+    max_starts_in_doubt of the two commits beside a step still in doubt."""
     def starts_per_commit(icc: float) -> int:
         # (A budget: the search would otherwise go on, on evidence, to locate the change.)
         search = Search(commits(140), SearchOptions(max_samples=8000))
@@ -305,8 +331,8 @@ def test_a_rate_that_varies_between_starts_earns_a_commit_more_starts() -> None:
         return max(Counter(r.index for r in search._probes).values())
 
     options = SearchOptions()
-    assert options.max_starts_per_commit < starts_per_commit(0.15) <= options.max_starts_varying
-    assert starts_per_commit(0.0) <= options.max_starts_per_commit
+    assert options.max_starts_in_doubt < starts_per_commit(0.15) <= options.max_starts_varying
+    assert starts_per_commit(0.0) <= options.max_starts_in_doubt
 
 
 def test_a_location_sure_only_at_a_low_dispersion_is_not_claimed() -> None:

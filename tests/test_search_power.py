@@ -265,3 +265,54 @@ def test_a_step_in_doubt_past_the_cap_of_starts_gets_more_starts() -> None:
     assert post.rho < 0.02 and 0.05 < post.gap_change[post.points.index(25)] < 0.95
     asked = [req.commit for req in search.ask(4)]
     assert {"c25", "c26"} & set(asked), asked
+
+
+def test_one_odd_start_gets_a_second_start_not_more_samples_at_the_ends() -> None:
+    # Clean everywhere but one start of 9/64 at c23 (a bump one commit wide, or one odd start): the
+    # model leaves P(no change) short, and only a second start at c23 can tell which. The search
+    # sampled the ends instead, 70 starts of them, and stopped at P(no change) 0.77.
+    clean = {i: [(0, 64)] for i in range(3, 119, 3) if i != 24}
+    search = _told(119, {**clean, 0: [(0, 500)] * 6, 119: [(0, 500)] * 6, 23: [(9, 64)]})
+    post = search.mode_posterior("m")
+    assert 0.01 < post.no_change < 0.99 and max(post.gap_change) < 0.05
+    assert [req.commit for req in search.ask(1)] == ["c23"]
+
+
+def test_a_bump_pooled_into_a_clean_segment_is_not_below_resolution() -> None:
+    # A bump at c22..c24 in a clean range, its edges in doubt (c21 and c25 have 25 samples each):
+    # no gap is over 0.5, so no segment is cut, and the one pooled segment is credibly under 1 %.
+    # The search took the whole mode for below its resolution, and the doubtful edges for changes
+    # too small to matter, and stopped with P(no change) at 0.02 and the bump unclaimed.
+    clean = {i: [(0, 64)] for i in [*range(2, 16, 2), *range(16, 31), *range(32, 300, 2)]}
+    search = _told(300, {**clean, 0: [(0, 500)] * 6, 300: [(0, 500)] * 6, 20: [(0, 25)], 21: [(0, 25)],
+                         22: [(2, 64)], 23: [(6, 64)], 24: [(3, 89)] * 2, 25: [(0, 25)], 26: [(0, 25)]})
+    post = search.mode_posterior("m")
+    assert max(post.gap_change) < 0.5 and post.no_change < 0.05 and len(post.segments) == 1
+    assert {"c21", "c25"} <= {req.commit for req in search.ask(4)}
+
+
+def test_a_bump_scan_leaves_no_stretch_of_its_width_unprobed() -> None:
+    # Nothing fails at either end, so no mode is seen, and without a scan the search ends there;
+    # with `bump_width` 3 every run of three testable commits gets a probe, and the bump at c40..c42
+    # (30 % from a clean rate) is found, its regression and its fix.
+    def failures(i: int, samples: int, start: int) -> int:
+        return round(0.3 * samples) if 40 <= i <= 42 else 0
+
+    plain = Search(commits(90), SearchOptions())
+    assert run(plain, failures).changes == ()
+    assert plain.result().widest_unprobed > 3
+    search = Search(commits(90), SearchOptions(bump_width=3))
+    search.tell_skip("c11", "untestable")
+    rep = run(search, failures)
+    assert rep.widest_unprobed <= 2 and rep.bump_width == 3
+    found = [(c.direction, c.commit) for c in rep.changes if c.found]
+    assert found == [(Direction.REGRESSION, "c40"), (Direction.FIX, "c43")], found
+
+
+def test_a_bump_width_below_one_is_refused() -> None:
+    import pytest
+
+    from sweeper.errors import BisectError
+
+    with pytest.raises(BisectError, match="bump_width"):
+        Search(commits(10), SearchOptions(bump_width=0))

@@ -103,10 +103,13 @@ class BisectOptions:
     # GPU-hours for the whole run (what earlier invocations of a resumed run spent counts): a round
     # is started only as far as the cost model prices it within what is left.
     budget_h: float | None = None
+    # Also look for a regression fixed again inside the range at least this many commits wide
+    # (`SearchOptions.bump_width`): a probe in every run of that many commits, whatever the ends show.
+    bump_width: int | None = None
 
     @property
     def search(self) -> SearchOptions:
-        return SearchOptions(confidence=self.confidence, max_samples=self.max_samples)
+        return SearchOptions(confidence=self.confidence, max_samples=self.max_samples, bump_width=self.bump_width)
 
 
 @dataclass(frozen=True)

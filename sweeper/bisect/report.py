@@ -5,6 +5,7 @@
     schema          "sweep-bisect/2"
     range           {good, bad: sha; commits: number of commits after good}
     confidence      the target; a change is `found` when located and at least this sure
+    bump_width      `--bumps`: every run of this many commits was to get a probe (null: no scan)
     by_commit[]     one entry per commit where any change was found, newest first:
                     {commit: COMMIT, changes: [{mode, direction, confidence, cells: [label]}]}
     cells[]         one entry per bisected cell:
@@ -24,6 +25,8 @@
                       `changes`); decided: P(no change) or every change reached the target, else
                       to_decide_samples estimates the samples still needed
       to_decide_gpu_seconds   the modelled GPU-seconds still needed to decide every mode
+      widest_unprobed the most testable commits in a row between two probed ones: a regression
+                      fixed again within that many commits could lie there unseen
       rounds, probes, samples, skipped: [[sha, reason]]
     rounds, server_starts, reused_samples, gpu_seconds   for the whole bisect
     budget          (with `--budget` only) {gpu_hours: the budget; spent_gpu_hours: the run's GPU-seconds
@@ -165,7 +168,7 @@ def describe(reports: Sequence[BisectReport], cells: Sequence[ReportCell], commi
                                    "steps": d.steps} for d in m.drifts],
                        "decided": m.decided, "to_decide_samples": m.to_decide_samples}
                       for m in rep.modes],
-            "to_decide_gpu_seconds": rep.to_decide_s,
+            "to_decide_gpu_seconds": rep.to_decide_s, "widest_unprobed": rep.widest_unprobed,
             "rounds": rep.rounds, "probes": rep.probes, "samples": rep.samples,
             "skipped": [list(s) for s in rep.skipped]})
     merged_by_commit = []
@@ -185,7 +188,8 @@ def describe(reports: Sequence[BisectReport], cells: Sequence[ReportCell], commi
         changes_here = list(grouped.values())
         merged_by_commit.append({"commit": info(sha), "changes": changes_here, "swaps": _swaps(changes_here)})
     return {"schema": SCHEMA, "range": {"good": commits[0], "bad": commits[-1], "commits": len(commits) - 1},
-            "confidence": reports[0].confidence if reports else None, "by_commit": merged_by_commit,
+            "confidence": reports[0].confidence if reports else None,
+            "bump_width": reports[0].bump_width if reports else None, "by_commit": merged_by_commit,
             "cells": rows}
 
 
@@ -226,14 +230,24 @@ def _seen_text(seen: dict[str, Any] | None) -> str:
     return f"{seen['failures']}/{seen['samples']} ({100 * seen['failures'] / seen['samples']:.1f}%)"
 
 
-def _no_change(cell: dict[str, Any], confidence: float) -> str:
+def _unseen(cell: Mapping[str, Any], scanned: int | None) -> str:
+    """What the probes leave open whatever the ends show: a regression fixed again between two of them."""
+    w = cell.get("widest_unprobed")
+    if not w:
+        return ""
+    return (f"; a regression fixed again within {w} commit{'' if w == 1 else 's'} could lie between two "
+            "probed ones" + ("" if scanned else " (--bumps N probes every N commits)"))
+
+
+def _no_change(cell: dict[str, Any], confidence: float, scanned: int | None = None) -> str:
     """No change was located. Said flatly only when every failing mode's P(no change) reached the
     target: the search stops looking once a change is under `explore` likely, short of it, and a
     mode that varies between server starts can hide a small change below that."""
     short = [m for m in cell["modes"] if m["fails_at_bad"] and m["no_change"] < confidence]
     if not short:
         # The model's "no change" is none of at least SAME_WITHIN: a smaller step is below what it resolves.
-        return f"  no change in the range (none of {SAME_WITHIN:g}x or more in the odds of failing)"
+        return (f"  no change in the range (none of {SAME_WITHIN:g}x or more in the odds of failing)"
+                + _unseen(cell, scanned))
     return "  no change located in the range; " + "; ".join(
         f"P(no change) {_pct(m['no_change'])} for {m['mode']} ("
         + ", ".join([f"{_seen_text(m.get(f'observed_at_{end}'))} failed at {end}" for end in ("good", "bad")]
@@ -337,14 +351,14 @@ def _cell_notes(cell: Mapping[str, Any], summary: Mapping[str, Any]) -> list[str
     out = []
     state = cell["bad_endpoint"]
     if state == BadEndpoint.PASSES.value:
-        out.append(f"the bad endpoint passes: {_PASSES}")
+        out.append(f"the bad endpoint passes: {_PASSES}{_unseen(cell, summary.get('bump_width'))}")
     elif state == BadEndpoint.UNTESTABLE.value:
         out.append("the bad endpoint is untestable: " + "; ".join(r for s, r in cell["skipped"]
                                                                   if s == summary["range"]["bad"]))
     elif state == BadEndpoint.UNDECIDED.value:
         out.append("the bad endpoint showed no failure, but too few samples to say it passes")
     if not cell["changes"] and state == BadEndpoint.FAILS.value:
-        out.append(_no_change(dict(cell), summary.get("confidence") or 0.99).strip())
+        out.append(_no_change(dict(cell), summary.get("confidence") or 0.99, summary.get("bump_width")).strip())
     unsettled = [ch for ch in cell["changes"] if not ch["found"]]
     for ch in unsettled:
         out.extend(line.strip() for line in _change(ch).splitlines()[:2])
@@ -435,7 +449,7 @@ def _render_one(summary: dict[str, Any]) -> str:
         out.append(f"cell {cell['label']}:" if cell["label"] != "(the only cell)" else "the cell:")
         state = cell["bad_endpoint"]
         if state == BadEndpoint.PASSES.value:
-            out.append(f"  the bad endpoint passes: {_PASSES}")
+            out.append(f"  the bad endpoint passes: {_PASSES}{_unseen(cell, summary.get('bump_width'))}")
         elif state == BadEndpoint.UNTESTABLE.value:
             out.append("  the bad endpoint is untestable: " + "; ".join(r for s, r in cell["skipped"]
                                                                        if s == summary["range"]["bad"]))
@@ -463,7 +477,7 @@ def _render_one(summary: dict[str, Any]) -> str:
             out.append("  every change in the range (oldest first):")
             out.extend(_change(ch) for ch in cell["changes"])
         elif state == BadEndpoint.FAILS.value:
-            out.append(_no_change(cell, summary.get("confidence") or 0.99))
+            out.append(_no_change(cell, summary.get("confidence") or 0.99, summary.get("bump_width")))
         for entry in summary["by_commit"]:
             for sw in entry.get("swaps") or []:
                 out.append(f"  {_commit(entry['commit'])} is a swap, not a fix: it ends {sw['fixed']} "

@@ -35,6 +35,9 @@ How a round is chosen. Every mode names the commits it wants, each with a value:
 * inside a gap whose ends share a rate but whose length leaves the prior at least `bump_explore`
   on two changes inside it (a short bump: a regression and its fix): the same, worth that
   probability;
+* with `bump_width` W (a scan the user asks for): inside every gap between probed commits that
+  holds W or more testable commits, mode or no mode, the same, worth `bump_explore`: a regression
+  fixed again W or more commits later cannot then fall between two probes;
 * for a gap already down to one testable commit whose change is still unsure: one more start on
   the side with fewer samples, worth min(P, 1 - P), sized for the contrast the two commits' own
   counts show (at least 2x; not the mode's largest), up to `max_starts_in_doubt` starts a side;
@@ -71,6 +74,9 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from itertools import pairwise
+
+from scipy.stats import binom
 
 from sweeper.bisect.drift import Drift, PointCounts, find_drifts
 from sweeper.bisect.segments import ModePosterior, Prior, Rate, Start, posterior
@@ -128,6 +134,12 @@ class SearchOptions:
     # A gap whose ends share a rate is searched for a bump (a rise and its fix inside it) while the
     # prior puts at least this much on two changes inside it.
     bump_explore: float = 0.01
+    # Look for regressions fixed again inside the range (a bump the ends cannot show) at least this
+    # many commits wide: every run of this many testable commits gets a probe, whatever the ends
+    # show, so such a bump cannot fall between two probes. A scan: about N / bump_width server
+    # starts over N commits. None: only where the prior puts `bump_explore` on one (cheap, and
+    # blind to a bump much shorter than the range).
+    bump_width: int | None = None
     drift: bool = True  # flag a rate that drifts instead of stepping (`sweeper.bisect.drift`)
     min_rate: float = 0.01  # rates below this are below the search's resolution
     explore: float = 0.05  # a gap this likely to hold a change is searched
@@ -244,6 +256,10 @@ class BisectReport:
     skipped: tuple[tuple[str, str], ...]
     gpu_s: float = 0.0  # modelled GPU-seconds of the probes (SearchOptions.start_s, request_s)
     to_decide_s: float = 0.0  # an estimate of the GPU-seconds still needed to decide every mode
+    # The most testable commits in a row between two probed ones (a bump that wide could hide
+    # there), and the scan asked for (`SearchOptions.bump_width`).
+    widest_unprobed: int = 0
+    bump_width: int | None = None
 
     @property
     def undecided(self) -> tuple[ModeReport, ...]:
@@ -287,6 +303,8 @@ class Search:
             raise BisectError("candidate commits are not distinct")
         if not 0.5 < o.confidence < 1:
             raise BisectError(f"confidence must be in (0.5, 1), got {o.confidence}")
+        if o.bump_width is not None and o.bump_width < 1:
+            raise BisectError(f"bump_width must be a number of commits >= 1, got {o.bump_width}")
         self.commits = tuple(commits)
         self.options = o
         self.confidence = o.confidence
@@ -463,7 +481,32 @@ class Search:
             needs.append(_Need(1.0, (last,), max(self.min_batch, n)))
         for mode in self._modes:
             self._mode_needs(mode, needs)
+        if self.options.bump_width:
+            self._scan_needs(needs, self.options.bump_width)
         return needs
+
+    def _scan_needs(self, needs: list[_Need], width: int) -> None:
+        """`bump_width`: split every gap between probed commits that holds `width` or more testable
+        commits, mode or no mode (a bump from a clean rate shows no mode at either end). A probe is
+        sized to see three times each mode's rate around it, as a bump need is."""
+        probed = sorted(i for i in self._n_starts if self._n_starts[i])
+        posts = [self.mode_posterior(m) for m in self._modes]
+        for lo, hi in pairwise(probed):
+            inside = tuple(j for j in range(lo + 1, hi) if j not in self._skipped)
+            if len(inside) < width:
+                continue
+            n = self.first_batch
+            for post in posts:
+                r = post.segment_at(lo).rate
+                n = max(n, self._batch(r, 3 * r + self.min_rate, post.rho))
+            needs.append(_Need(self.options.bump_explore, inside, n, split=True))
+
+    def widest_unprobed(self) -> int:
+        """The most testable commits in a row with no probe between two probed ones: the widest
+        regression fixed again inside the range that the probes could have missed entirely."""
+        probed = sorted(i for i in self._n_starts if self._n_starts[i])
+        return max((sum(1 for j in range(lo + 1, hi) if j not in self._skipped)
+                    for lo, hi in pairwise(probed)), default=0)
 
     def _mode_needs(self, mode: str, needs: list[_Need]) -> None:
         post = self.mode_posterior(mode)
@@ -495,8 +538,12 @@ class Search:
                     # a bump of three times the rate around it.
                     r = seg_lo.rate
                     needs.append(_Need(bump, inside, self._batch(r, 3 * r + self.min_rate, post.rho), split=True))
-            elif 1 - self.confidence < p < self.confidence and max(seg_lo.high, seg_hi.high) >= self.min_rate:
-                # (Both sides credibly below min_rate: a change between them is below resolution.)
+            elif 1 - self.confidence < p < self.confidence and max(
+                    seg_lo.high, seg_hi.high, self._point_high(mode, lo), self._point_high(mode, hi)) >= self.min_rate:
+                # (Both sides credibly below min_rate, by their segments and by their own counts: a
+                # change between them is below resolution. The segments alone pool a bump's few
+                # failing commits into the clean rate around it until it is cut, and it is not cut
+                # while this gap is in doubt.)
                 # The question is whether these two commits differ: a start planned for the contrast
                 # their own counts show, not the mode's largest (a mode that also steps 25x elsewhere got
                 # starts of 16 samples here, and reached its cap of starts with the gap still at P 0.4).
@@ -521,7 +568,14 @@ class Search:
             # reaching the confidence, or P(change) reaching it and the change found), not
             # when a change merely looks unlikely.
             value, n = min(1 - post.no_change, post.no_change), self._batch(*contrast, post.rho)
-            if any(self._probeable(x) for x in (0, last)):
+            if (odd := self._odd_start(mode, post)) is not None:
+                # One start at one commit far off the rest: an odd start (which a rate varying between
+                # starts explains) or a bump one commit wide. A second start there tells which; the
+                # ends cannot (a scan's one-commit hit of 9/64 among clean commits drew 70 starts at
+                # the ends and was left at P(no change) 0.77).
+                r = self._point_rate(mode, odd)
+                needs.append(_Need(value, (odd,), self._batch(r, post.segment_at(odd).rate, post.rho)))
+            elif any(self._probeable(x) for x in (0, last)):
                 self._resample(needs, 0, last, value, n)
             elif (open_points := [x for x in pts if self._probeable(x)]) and (
                     sum(self._samples_at(x) for x in pts if x not in (0, last))
@@ -535,14 +589,42 @@ class Search:
 
     def _below_resolution(self, mode: str, post: ModePosterior) -> bool:
         """Credibly below `min_rate` everywhere: every segment and both endpoints by their own counts
-        (a pooled segment hides an end that fails more, when the model has not yet seen it change)."""
+        (a pooled segment hides an end that fails more, when the model has not yet seen it change),
+        and no commit credibly above it by its own."""
         if max(seg.high for seg in post.segments) >= self.min_rate:
             return False
+        counts: Counter[int] = Counter()
+        for p in self._probes:
+            counts[p.index] += p.failures.get(mode, 0)
         for i in (post.points[0], post.points[-1]):
-            k = sum(p.failures.get(mode, 0) for p in self._probes if p.index == i)
-            if wilson(k, self._samples_at(i))[1] >= self.min_rate:
+            if wilson(counts[i], self._samples_at(i))[1] >= self.min_rate:
                 return False
-        return True
+        # Nor where one commit's own counts are credibly above it: a bump a few commits wide, pooled
+        # into a clean segment until the model cuts it out (6 of 64 among 20,000 clean samples).
+        return all(wilson(counts[i], self._samples_at(i))[0] < self.min_rate for i in post.points)
+
+    def _odd_start(self, mode: str, post: ModePosterior) -> int | None:
+        """The commit of one start whose count the mode's other samples make least likely (either
+        binomial tail, at their pooled rate), if under 1 - confidence; None if there is none."""
+        counts: Counter[int] = Counter()
+        for p in self._probes:
+            counts[p.index] += p.failures.get(mode, 0)
+        k_all, n_all = sum(counts.values()), self.total_samples
+        best: tuple[float, int] | None = None
+        for i in post.points:
+            if self._starts(i) != 1 or not self._probeable(i):
+                continue
+            k, n = counts[i], self._samples_at(i)
+            r = (k_all - k + 0.5) / (n_all - n + 1.0)
+            tail = min(float(binom.sf(k - 1, n, r)), float(binom.cdf(k, n, r)))
+            if tail < 1 - self.confidence and (best is None or tail < best[0]):
+                best = (tail, i)
+        return None if best is None else best[1]
+
+    def _point_high(self, mode: str, i: int) -> float:
+        """The 95 % upper bound of the rate commit i's own samples show for `mode`."""
+        k = sum(p.failures.get(mode, 0) for p in self._probes if p.index == i)
+        return wilson(k, self._samples_at(i))[1]
 
     def _point_rate(self, mode: str, i: int) -> float:
         """The rate commit i's own samples show for `mode`, pulled off 0 by half a failure."""
@@ -717,7 +799,7 @@ class Search:
         return BisectReport(modes, self.bad_endpoint(), self.confidence, not needs, len(needs), self.rounds,
                             probes, self.total_samples,
                             tuple((self.commits[i], r) for i, r in sorted(self._skipped.items())),
-                            self.gpu_s, float(to_decide))
+                            self.gpu_s, float(to_decide), self.widest_unprobed(), o.bump_width)
 
     def _mode_report(self, mode: str) -> ModeReport:
         post = self.mode_posterior(mode)
