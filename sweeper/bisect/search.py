@@ -622,9 +622,10 @@ class Search:
         return None if best is None else best[1]
 
     def _point_high(self, mode: str, i: int) -> float:
-        """The 95 % upper bound of the rate commit i's own samples show for `mode`."""
+        """The 95 % upper bound of the rate commit i's own samples show for `mode`, if it failed there
+        (0 if not: two clean commits have no change between them the search could locate)."""
         k = sum(p.failures.get(mode, 0) for p in self._probes if p.index == i)
-        return wilson(k, self._samples_at(i))[1]
+        return wilson(k, self._samples_at(i))[1] if k else 0.0
 
     def _point_rate(self, mode: str, i: int) -> float:
         """The rate commit i's own samples show for `mode`, pulled off 0 by half a failure."""
