@@ -182,13 +182,16 @@ ENGINE_DEAD = {"id": "engine-dead", "effect": "crash", "when": {"spec_method": [
                "message": "TypeError: Cannot inspect kernel parameters for function"}
 
 
-def crash_history(root: Path, suite: Path, commits: int, *, crash_from: int, after_requests: int) -> dict[str, str]:
+def crash_history(root: Path, suite: Path, commits: int, *, crash_from: int, after_requests: int,
+                  crash_until: int | None = None) -> dict[str, str]:
     """A simulated history (v0.27.0, c1, c2, ...) whose engine dies under MTP after `after_requests`
-    requests from commit `crash_from` on, and `root/m.yaml`: one MTP cell over its two ends. Returns
-    tag -> sha."""
+    requests from commit `crash_from` on (until `crash_until`, which is fixed), and `root/m.yaml`:
+    one MTP cell over its two ends. Returns tag -> sha."""
     crash = {**ENGINE_DEAD, "after_requests": after_requests}
     tags = ["v0.27.0", *(f"c{i}" for i in range(1, commits))]
-    shas = make_sim_repo(root / "vllm", [(t, {"bugs": [crash] if i >= crash_from else []}) for i, t in enumerate(tags)])
+    until = commits if crash_until is None else crash_until
+    shas = make_sim_repo(root / "vllm", [(t, {"bugs": [crash] if crash_from <= i < until else []})
+                                         for i, t in enumerate(tags)])
     (root / "m.yaml").write_text(f"""
 name: crash
 model: Qwen/Qwen3-8B
