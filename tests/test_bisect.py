@@ -319,6 +319,19 @@ def test_no_change_says_how_wide_a_fixed_regression_could_hide_between_probes() 
     assert "could lie between two probed ones" in text and "--bumps" not in text
 
 
+def test_a_bad_endpoint_that_passes_says_a_fixed_regression_could_hide_inside() -> None:
+    # Nothing fails anywhere: the bad endpoint passes, and a regression fixed again inside the range
+    # would show at neither end; the report says how wide one could be and how to look for it.
+    from sweeper.bisect.report import render
+
+    cs = commits(40)
+    report = drive(Search(cs), lambda i: {}, k=2)
+    assert report.bad_endpoint is BadEndpoint.PASSES and report.widest_unprobed == 39
+    text = render(summary_of(report, cs))
+    assert "the bad endpoint passes: nothing fails there" in text
+    assert "; a regression fixed again within 39 commits could lie between two probed ones (--bumps N" in text
+
+
 def test_a_rate_that_varies_between_starts_earns_a_commit_more_starts() -> None:
     """Each start draws its own rate: only more starts narrow a commit's rate, so such a search may
     start a commit up to max_starts_varying times; a steady rate keeps max_starts_per_commit, or the
