@@ -571,7 +571,7 @@ class Search:
             if (odd := self._odd_start(mode, post)) is not None:
                 # One start at one commit far off the rest: an odd start (which a rate varying between
                 # starts explains) or a bump one commit wide. A second start there tells which; the
-                # ends cannot (a scan's one-commit hit of 9/64 among clean commits drew 70 starts at
+                # ends cannot (a scan's one-commit hit of 9/64 among clean commits drew 74 starts at
                 # the ends and was left at P(no change) 0.77).
                 r = self._point_rate(mode, odd)
                 needs.append(_Need(value, (odd,), self._batch(r, post.segment_at(odd).rate, post.rho)))
