@@ -327,6 +327,7 @@ class Search:
         self._observations: list[Observation] = []
         self._modes: list[str] = []
         self._cache: dict[str, ModePosterior] = {}
+        self._fails_cache: dict[str, Counter[int]] = {}
         self.rounds = rounds
         for obs in observations:
             if obs.commit in self._index:
@@ -375,6 +376,7 @@ class Search:
         self._n_samples[i] += samples
         self._observations.append(Observation(commit, samples, dict(fails), None, round_no))
         self._cache.clear()
+        self._fails_cache.clear()
         self._drift_cache.clear()
 
     def _tell_skip(self, commit: str, reason: str, round_no: int) -> None:
@@ -415,6 +417,15 @@ class Search:
 
     def _samples_at(self, i: int) -> int:
         return self._n_samples[i]
+
+    def _failures_at(self, mode: str) -> Counter[int]:
+        """Per commit index, the failures of `mode` over all its starts."""
+        if mode not in self._fails_cache:
+            counts: Counter[int] = Counter()
+            for p in self._probes:
+                counts[p.index] += p.failures.get(mode, 0)
+            self._fails_cache[mode] = counts
+        return self._fails_cache[mode]
 
     def mode_posterior(self, mode: str) -> ModePosterior:
         if mode not in self._cache:
@@ -593,9 +604,7 @@ class Search:
         and no commit credibly above it by its own."""
         if max(seg.high for seg in post.segments) >= self.min_rate:
             return False
-        counts: Counter[int] = Counter()
-        for p in self._probes:
-            counts[p.index] += p.failures.get(mode, 0)
+        counts = self._failures_at(mode)
         for i in (post.points[0], post.points[-1]):
             if wilson(counts[i], self._samples_at(i))[1] >= self.min_rate:
                 return False
@@ -606,9 +615,7 @@ class Search:
     def _odd_start(self, mode: str, post: ModePosterior) -> int | None:
         """The commit of one start whose count the mode's other samples make least likely (either
         binomial tail, at their pooled rate), if under 1 - confidence; None if there is none."""
-        counts: Counter[int] = Counter()
-        for p in self._probes:
-            counts[p.index] += p.failures.get(mode, 0)
+        counts = self._failures_at(mode)
         k_all, n_all = sum(counts.values()), self.total_samples
         best: tuple[float, int] | None = None
         for i in post.points:
@@ -624,12 +631,12 @@ class Search:
     def _point_high(self, mode: str, i: int) -> float:
         """The 95 % upper bound of the rate commit i's own samples show for `mode`, if it failed there
         (0 if not: two clean commits have no change between them the search could locate)."""
-        k = sum(p.failures.get(mode, 0) for p in self._probes if p.index == i)
+        k = self._failures_at(mode)[i]
         return wilson(k, self._samples_at(i))[1] if k else 0.0
 
     def _point_rate(self, mode: str, i: int) -> float:
         """The rate commit i's own samples show for `mode`, pulled off 0 by half a failure."""
-        k = sum(p.failures.get(mode, 0) for p in self._probes if p.index == i)
+        k = self._failures_at(mode)[i]
         return (k + 0.5) / (self._samples_at(i) + 1.0)
 
     def _bump_probability(self, gap: int) -> float:
@@ -652,7 +659,7 @@ class Search:
                              and all(j in self._skipped for j in range(pts[a] + 1, pts[a + 1]))
                              and not (self._probeable(pts[a]) and self._probeable(pts[a + 1])))
             if len(changes) >= 2 or lone:
-                counts = [PointCounts(i, sum(p.failures.get(mode, 0) for p in self._probes if p.index == i),
+                counts = [PointCounts(i, self._failures_at(mode)[i],
                                       self._samples_at(i)) for i in pts]
                 per_start = self.total_samples / max(1, len(self._probes))
                 found = find_drifts(counts, changes, design_effect=1 + max(0.0, per_start - 1) * post.rho,
@@ -826,8 +833,7 @@ class Search:
         fails_bad = pts[-1] == len(self.commits) - 1 and bad.failures > 0 and bad.low > 0
         gaps = tuple((pts[a], pts[a + 1], float(p)) for a, p in enumerate(post.gap_change))
         last = len(self.commits) - 1
-        observed = tuple((sum(p.failures.get(mode, 0) for p in self._probes if p.index == i),
-                          sum(p.samples for p in self._probes if p.index == i)) for i in (0, last))
+        observed = tuple((self._failures_at(mode)[i], self._samples_at(i)) for i in (0, last))
         below = self._below_resolution(mode, post)
         settled = post.no_change >= self.confidence or (
             1 - post.no_change >= self.confidence and all(c.found for c in changes) and bool(changes or drifts))
