@@ -500,10 +500,8 @@ class Search:
         """`bump_width`: split every gap between probed commits that holds `width` or more testable
         commits, mode or no mode (a bump from a clean rate shows no mode at either end). A probe is
         sized to see three times each mode's rate around it, as a bump need is."""
-        probed = sorted(i for i in self._n_starts if self._n_starts[i])
         posts = [self.mode_posterior(m) for m in self._modes]
-        for lo, hi in pairwise(probed):
-            inside = tuple(j for j in range(lo + 1, hi) if j not in self._skipped)
+        for lo, inside in self._unprobed_runs():
             if len(inside) < width:
                 continue
             n = self.first_batch
@@ -515,9 +513,12 @@ class Search:
     def widest_unprobed(self) -> int:
         """The most testable commits in a row with no probe between two probed ones: the widest
         regression fixed again inside the range that the probes could have missed entirely."""
+        return max((len(inside) for _, inside in self._unprobed_runs()), default=0)
+
+    def _unprobed_runs(self) -> list[tuple[int, tuple[int, ...]]]:
+        """Per gap between neighbouring probed commits: its lower end and the testable commits inside."""
         probed = sorted(i for i in self._n_starts if self._n_starts[i])
-        return max((sum(1 for j in range(lo + 1, hi) if j not in self._skipped)
-                    for lo, hi in pairwise(probed)), default=0)
+        return [(lo, tuple(j for j in range(lo + 1, hi) if j not in self._skipped)) for lo, hi in pairwise(probed)]
 
     def _mode_needs(self, mode: str, needs: list[_Need]) -> None:
         post = self.mode_posterior(mode)
