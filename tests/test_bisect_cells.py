@@ -204,6 +204,9 @@ def _no_ray_address() -> dict[str, Any]:
     return {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
 
 
+# The full tier: three whole simulated bisects (25 s). The fast tier checks the search's side of a
+# budget on scripted counts (`tests/test_search_power.py`) and a matrix's budget (`tests/test_adaptive.py`).
+@pytest.mark.full
 @pytest.mark.timeout(600)
 def test_a_budget_stops_the_rounds_and_a_resume_with_more_finishes(history: tuple[Path, dict[str, str]],
                                                                     tmp_path: Path) -> None:

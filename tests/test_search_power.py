@@ -316,3 +316,19 @@ def test_a_bump_width_below_one_is_refused() -> None:
 
     with pytest.raises(BisectError, match="bump_width"):
         Search(commits(10), SearchOptions(bump_width=0))
+
+
+def test_a_gpu_budget_stops_the_rounds_and_says_what_deciding_would_cost() -> None:
+    """`max_gpu_s` (what `sweep bisect --budget` sets): no round is asked once the modelled GPU-seconds
+    of the starts told reach it, and the open mode is reported undecided with its cost; resumed with
+    a larger budget from the same observations, the search goes on and finds the change."""
+    step = scripted(lambda i: 0.02 if i < 37 else 0.05)
+    tight = Search(commits(80), SearchOptions(max_gpu_s=4 * 3600))
+    report = run(tight, step)
+    last = max(o.round for o in tight.observations)
+    before_last = sum(240 + 2 * o.samples for o in tight.observations if o.round < last)
+    assert tight.done and not report.done and before_last < 4 * 3600 <= report.gpu_s
+    assert report.undecided and report.to_decide_s > 0
+    more = Search(commits(80), SearchOptions(max_gpu_s=40 * 3600), observations=tight.observations)
+    found = run(more, step)
+    assert found.gpu_s > report.gpu_s and [c.commit for c in found.changes if c.found] == ["c37"]
