@@ -332,3 +332,15 @@ def test_a_gpu_budget_stops_the_rounds_and_says_what_deciding_would_cost() -> No
     more = Search(commits(80), SearchOptions(max_gpu_s=40 * 3600), observations=tight.observations)
     found = run(more, step)
     assert found.gpu_s > report.gpu_s and [c.commit for c in found.changes if c.found] == ["c37"]
+
+
+def test_two_commits_of_one_crash_get_no_starts_to_tell_99_from_99_point_5_percent() -> None:
+    """An engine that dies after 2 answers from c2 on: a start of n requests fails n - 2 of them, 99 %
+    of 208. The posterior resolves odds, and near a rate of 1 odds are fine-grained: c2 and c3 held
+    P 0.02 of a change between them while 24 starts a side went to telling 99.0 % from 99.1 %. Their
+    own counts bound them within `min_contrast` of each other: no change the search is after."""
+    search = Search(commits(3))
+    report = run(search, lambda i, n, _s: max(0, n - 2) if i >= 2 else 0, k=2)
+    assert [(c.commit, c.found) for c in report.changes] == [("c2", True)]
+    starts = Counter(p.index for p in search._probes)
+    assert max(starts[2], starts[3]) <= 3 and len(search._probes) <= 20, starts
