@@ -211,6 +211,8 @@ def test_an_engine_crash_under_the_cells_settings_is_a_change_not_a_skip(tmp_pat
     assert {p["status"] for p in probes if p["position"] >= 5} == {"crashed"}
 
 
+# The full tier: two whole simulated bisects (15 s) beside the other resume tests there.
+@pytest.mark.full
 @pytest.mark.timeout(600)
 def test_a_start_lost_with_its_driver_is_not_counted_on_resume(tmp_path: Path, tiny_suite: Path) -> None:
     """A driver killed while two starts ran can leave the later one stored and the earlier one not:

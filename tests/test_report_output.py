@@ -345,6 +345,9 @@ def test_a_bisect_of_one_start_a_round_says_so_in_the_singular(tmp_path: Path, t
     assert outcome.summary["server_starts"] >= 1
 
 
+# The full tier: a whole simulated scan (18 s); the scan itself is checked on scripted counts in the fast
+# tier (`tests/test_search_power.py::test_a_bump_scan_leaves_no_stretch_of_its_width_unprobed`).
+@pytest.mark.full
 def test_bisect_bumps_finds_a_crash_fixed_again_inside_the_range(
         tmp_path: Path, tiny_suite: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The engine dies at c4..c6 only: nothing fails at either end (without a scan the bad endpoint
