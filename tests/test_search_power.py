@@ -326,7 +326,8 @@ def test_a_gpu_budget_stops_the_rounds_and_says_what_deciding_would_cost() -> No
     tight = Search(commits(80), SearchOptions(max_gpu_s=4 * 3600))
     report = run(tight, step)
     last = max(o.round for o in tight.observations)
-    before_last = sum(240 + 2 * o.samples for o in tight.observations if o.round < last)
+    o = tight.options
+    before_last = sum(o.start_s + o.request_s * obs.samples for obs in tight.observations if obs.round < last)
     assert tight.done and not report.done and before_last < 4 * 3600 <= report.gpu_s
     assert report.undecided and report.to_decide_s > 0
     more = Search(commits(80), SearchOptions(max_gpu_s=40 * 3600), observations=tight.observations)
@@ -334,7 +335,7 @@ def test_a_gpu_budget_stops_the_rounds_and_says_what_deciding_would_cost() -> No
     assert found.gpu_s > report.gpu_s and [c.commit for c in found.changes if c.found] == ["c37"]
 
 
-def test_two_commits_of_one_crash_get_no_starts_to_tell_99_from_99_point_5_percent() -> None:
+def test_two_commits_of_one_crash_get_no_starts_to_tell_99_0_from_99_1_percent() -> None:
     """An engine that dies after 2 answers from c2 on: a start of n requests fails n - 2 of them, 99 %
     of 208. The posterior resolves odds, and near a rate of 1 odds are fine-grained: c2 and c3 held
     P 0.02 of a change between them while 24 starts a side went to telling 99.0 % from 99.1 %. Their
