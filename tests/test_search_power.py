@@ -345,3 +345,32 @@ def test_two_commits_of_one_crash_get_no_starts_to_tell_99_0_from_99_1_percent()
     assert [(c.commit, c.found) for c in report.changes] == [("c2", True)]
     starts = Counter(p.index for p in search._probes)
     assert max(starts[2], starts[3]) <= 3 and len(search._probes) <= 20, starts
+
+
+
+# Three changes in one mode (3.7 % -> 1.5 % at c17, -> 5.0 % at c23, -> 22 % at c44; c24 does not
+# build), where a search ended: c44 found, the dip c17..c22 between split probes of 34-57 samples
+# that rates of 1.5-5 % leave clean as often as not.
+_THIN = {0: [(2, 64), (1, 64)], 6: [(1, 57)], 11: [(1, 57)], 12: [(0, 40), (7, 304), (17, 408)],
+         13: [(3, 40), (14, 304)], 14: [(2, 40)], 15: [(1, 40), (8, 202)], 16: [(6, 64), (7, 202)],
+         21: [(0, 34)], 22: [(0, 34)], 23: [(3, 34)], 25: [(0, 34)], 26: [(1, 34), (8, 219)],
+         27: [(3, 34), (7, 171)], 32: [(5, 64)], 38: [(4, 42)], 43: [(1, 42), (5, 73)], 44: [(12, 68), (24, 113)],
+         45: [(19, 68)], 46: [(16, 68)], 47: [(12, 68)], 48: [(18, 64), (17, 64)]}
+
+
+def test_a_step_spread_thin_over_split_probes_gets_a_deeper_probe() -> None:
+    def told(options: SearchOptions) -> Search:
+        obs = [Observation(f"c{i}", n, {"m": k}) for i, starts in _THIN.items() for k, n in starts]
+        search = Search(commits(48), options, observations=obs)
+        search.tell_skip("c24", "untestable")
+        return search
+
+    search = told(SearchOptions())
+    post = search.mode_posterior("m")
+    stretch = [a for a, x in enumerate(post.points) if x < 43]  # every gap from c0 to c43
+    assert max(post.gap_change[a] for a in stretch) < search.explore
+    assert sum(post.gap_change[a] for a in stretch) >= SearchOptions().spread_explore
+    assert post.gap_change[post.points.index(43)] > 0.99  # c44 is found
+    # The thinnest probe of the stretch, sized to see a 2x step there.
+    assert [(r.commit, r.samples) for r in search.ask(4)] == [("c21", SearchOptions().spread_batch)]
+    assert told(SearchOptions(spread_explore=1.5)).done  # where the search ended without it
