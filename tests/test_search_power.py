@@ -347,7 +347,6 @@ def test_two_commits_of_one_crash_get_no_starts_to_tell_99_0_from_99_1_percent()
     assert max(starts[2], starts[3]) <= 3 and len(search._probes) <= 20, starts
 
 
-
 # Three changes in one mode (3.7 % -> 1.5 % at c17, -> 5.0 % at c23, -> 22 % at c44; c24 does not
 # build), where a search ended: c44 found, the dip c17..c22 between split probes of 34-57 samples
 # that rates of 1.5-5 % leave clean as often as not.

@@ -626,8 +626,8 @@ class Search:
         A split probe of 16-64 samples at a rate of a few percent is as likely clean as not, so a
         step among such probes shows as a little of a change in each gap, none worth a split, and
         the search ended with the step unfound. Only a probe with fewer samples than `spread_batch`
-        (or the Wald count for a 2x step, if smaller) gets one, so a stretch costs at most a start per
-        probe. A stretch clean at an end is left to the bump rules: where the searches of 60 histories
+        (or the Wald count for a 2x step, if smaller) gets one, so a stretch costs about a start per
+        probe at most. A stretch clean at an end is left to the bump rules: where the searches of 60 histories
         each of a single step, three changes and a rise and fix ended, 1 of 66 such stretches (holding
         0.1 or more) held a change, against 15 of 31 failing at both ends."""
         pts, counts = post.points, self._failures_at(mode)
