@@ -63,6 +63,7 @@ POOL = {
 }
 FLAG = "serve.--enforce-eager"
 REPLAYS = 6  # each request of a replay suite is sent this many times to one server
+REPEAT = 0.9  # how often a replay repeats its request's first outcome (else it draws afresh)
 CHECKS = ["finish_reason", "json_schema"]
 
 
@@ -176,9 +177,14 @@ def _start_failures(rng: np.random.Generator, p: float, n: int, replay: bool) ->
     first = rng.random(distinct) < p
     out = []
     for r in range(n):
-        same = rng.random() < 0.9
+        same = rng.random() < REPEAT
         out.append(bool(first[r % distinct]) if same else bool(rng.random() < p))
     return out
+
+
+def matrix_seed(family: str, seed: int, i: int) -> int:
+    """The draw seed of a family's i-th matrix (`explain_bound.py` joins on it)."""
+    return seed * 1_000_000 + FAMILIES.index(family) * 100_000 + i
 
 
 def score(m: Matrix, e: explain.Explanation) -> dict[str, Any]:
@@ -284,7 +290,7 @@ def main() -> None:
     parser.add_argument("--src", help="a checkout whose sweeper to measure (default: this one)")
     parser.add_argument("--examples", type=int, default=3, help="misses printed per family")
     a = parser.parse_args()
-    work = [(f, a.seed * 1_000_000 + FAMILIES.index(f) * 100_000 + i)
+    work = [(f, matrix_seed(f, a.seed, i))
             for f in a.families.split(",") for i in range(a.matrices)]
     started = time.time()
     if a.jobs > 1:
