@@ -588,9 +588,10 @@ class Search:
                 # have the starts of one (a commit of six starts stopped a step at 0.96 for good).
                 self._resample(needs, lo, hi, 2 * (1 - float(post.gap_change_low[a])), n, by_starts=True,
                                cap=self.max_starts_varying)
-        if len(needs) == before and any(p > 0.5 for p in post.gap_change):
+        in_view = any(p > 0.5 for p in post.gap_change)
+        if len(needs) == before and in_view:
             self._spread_needs(mode, post, in_drift, needs)
-        asked = len(needs) > before or any(p > 0.5 for p in post.gap_change)
+        asked = len(needs) > before or in_view
         if not asked and 1 - self.confidence < post.no_change < self.confidence:
             # Some change may be there but spread over every gap: only more samples at the ends
             # can tell a small change from none. The search stops on evidence (P(no change)
@@ -627,9 +628,10 @@ class Search:
         step among such probes shows as a little of a change in each gap, none worth a split, and
         the search ended with the step unfound. Only a probe with fewer samples than `spread_batch`
         (or the Wald count for a 2x step, if smaller) gets one, so a stretch costs about a start per
-        probe at most. A stretch clean at an end is left to the bump rules: where the searches of 60 histories
-        each of a single step, three changes and a rise and fix ended, 1 of 66 such stretches (holding
-        0.1 or more) held a change, against 15 of 31 failing at both ends."""
+        probe at most. A stretch clean at an end is left to the bump rules: where the searches of 60
+        histories each of a single step, three changes and a rise and fix ended, 1 of 66 such
+        stretches (holding 0.1 or more) held a change, against 15 of 31 failing at both ends
+        (BENCHMARKS.md)."""
         pts, counts = post.points, self._failures_at(mode)
         run: list[int] = []
         for a, p in enumerate([*post.gap_change, 1.0]):
