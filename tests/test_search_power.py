@@ -373,3 +373,33 @@ def test_a_step_spread_thin_over_split_probes_gets_a_deeper_probe() -> None:
     # The thinnest probe of the stretch, sized to see a 2x step there.
     assert [(r.commit, r.samples) for r in search.ask(4)] == [("c21", SearchOptions().spread_batch)]
     assert told(SearchOptions(spread_explore=1.5)).done  # where the search ended without it
+
+
+# Three changes in one mode (4.1 % -> 0.9 % at c51, -> 3.7 % at c60, -> 10 % at c67; c21 and c51 do
+# not build), where a search ended with c67 found: the dip showed only as c53 at 1 of 127 and c58 at
+# 2 of 127 in a segment at 4.4 %, and no gap near it held over 0.03 of a change.
+_DIP = {0: [(5, 64), (2, 64)], 11: [(4, 103)], 18: [(8, 146)], 25: [(10, 146)], 32: [(1, 64)], 40: [(8, 146)],
+        48: [(7, 103)], 50: [(12, 233)], 53: [(1, 127)], 58: [(2, 127)], 63: [(1, 64)],
+        66: [(2, 86), (5, 127), (12, 233)], 67: [(10, 103), (14, 194), (44, 390)],
+        68: [(14, 86), (17, 127), (22, 233)], 70: [(6, 86)], 72: [(9, 86)], 74: [(7, 50)], 84: [(5, 50)],
+        95: [(7, 64), (8, 64)]}
+
+
+def test_a_dip_among_thin_probes_gets_a_deeper_start_in_it() -> None:
+    def told(options: SearchOptions) -> Search:
+        obs = [Observation(f"c{i}", n, {"m": k}) for i, starts in _DIP.items() for k, n in starts]
+        search = Search(commits(95), options, observations=obs)
+        search.tell_skip("c21", "untestable")
+        search.tell_skip("c51", "untestable")
+        return search
+
+    search = told(SearchOptions())
+    post = search.mode_posterior("m")
+    before = post.points.index(66)
+    assert max(post.gap_change[:before]) < 0.03  # nothing before c66 is worth a split
+    assert post.gap_change[before] > 0.99  # c67 is found
+    # c53, c58 and c63 pooled (4 of 318) against the rest of their segment (~5 %): one deeper start
+    # at the thinnest of them, sized to see a 2x step (the spread rule's cap).
+    assert [(r.commit, r.samples) for r in search.ask(4)] == [("c63", SearchOptions().spread_batch)]
+    assert told(SearchOptions(odd_level=None)).done  # where the search ended without it
+
