@@ -85,7 +85,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from itertools import pairwise
+from itertools import accumulate, pairwise
 
 from scipy.stats import binom
 
@@ -660,12 +660,20 @@ class Search:
                 # (Ends whose own counts leave no `min_contrast` step between them hold no one change:
                 # a bump has two, and the bump rules look for those.)
                 if counts[span[0]] and counts[span[-1]] and self._may_differ(mode, span[0], span[-1]):
-                    r_lo, r_hi = sorted((post.segment_at(span[0]).rate, post.segment_at(span[-1]).rate))
-                    n = min(self.options.spread_batch, self._batch(r_lo, max(r_hi, 2 * r_lo), post.rho))
-                    thin = [x for x in span if self._probeable(x) and self._samples_at(x) < n]
-                    if thin:
-                        needs.append(_Need(total, (min(thin, key=lambda x: (self._samples_at(x), x)),), n))
+                    rates = (post.segment_at(span[0]).rate, post.segment_at(span[-1]).rate)
+                    self._deepen(needs, span, rates, post.rho, total)
             run = []
+
+    def _deepen(self, needs: list[_Need], points: Sequence[int], rates: tuple[float, float], rho: float,
+                value: float) -> bool:
+        """One more start at the thinnest probeable one of `points`, sized to tell the two rates apart
+        as if at least 2x (up to `spread_batch` samples), if any has fewer samples than that."""
+        lo, hi = sorted(rates)
+        n = min(self.options.spread_batch, self._batch(lo, max(hi, 2 * lo), rho))
+        thin = [x for x in points if self._probeable(x) and self._samples_at(x) < n]
+        if thin:
+            needs.append(_Need(value, (min(thin, key=lambda x: (self._samples_at(x), x)),), n))
+        return bool(thin)
 
     def _odd_stretch_needs(self, mode: str, post: ModePosterior, in_drift: set[int], needs: list[_Need]) -> None:
         """`odd_level`: the stretches of up to `odd_len` neighbouring probes inside one segment (with
@@ -675,37 +683,35 @@ class Search:
 
         A dip from 4.1 % to 0.9 % over c51..c59 among probes of 64-233 samples left c53 at 1 of 127
         and c58 at 2 of 127, in a segment at 4.4 %: no gap near it held more than 0.024 of a change,
-        and the search ended. The rest of the segment makes 3 of 254 a 0.004 event; a deeper start
-        there shows the dip or clears it. The counts are shrunk by the design effect of the learned
-        dispersion, so where starts vary an odd start is what it is (an ICC 0.2-0.4 step's 40
-        searches were unchanged)."""
+        and the search ended. The rest of the segment (4.9 %) makes 3 of 254 a 0.0013 event, and 4 of
+        318 with c63 a 0.0003 one; a deeper start there shows the dip or clears it. The counts are
+        shrunk by the design effect of the learned dispersion, so where starts vary an odd start is
+        what it is (38 of an ICC 0.2-0.4 step's 40 searches were unchanged)."""
         level = self.options.odd_level
         if level is None:
             return
         pts, counts = post.points, self._failures_at(mode)
+        # Running sums over the points: a stretch's counts are two differences.
+        k_sum = [0, *accumulate(counts[x] for x in pts)]
+        n_sum = [0, *accumulate(self._samples_at(x) for x in pts)]
+        s_sum = [0, *accumulate(self._starts(x) for x in pts)]
         odd: list[tuple[float, tuple[int, ...], float, float]] = []
         for seg in post.segments:
-            inside = [a for a, x in enumerate(pts) if seg.first <= x <= seg.last]
-            k_all = sum(counts[pts[a]] for a in inside)
-            n_all = sum(self._samples_at(pts[a]) for a in inside)
-            for m in range(1, min(self.options.odd_len, len(inside) - 2) + 1):
-                for run in (inside[s:s + m] for s in range(len(inside) - m + 1)):
-                    if any(a in in_drift or a - 1 in in_drift for a in run):
+            first, last = pts.index(seg.first), pts.index(seg.last) + 1  # the segment's points: [first, last)
+            k_all, n_all = k_sum[last] - k_sum[first], n_sum[last] - n_sum[first]
+            for m in range(1, min(self.options.odd_len, last - first - 2) + 1):
+                for a in range(first, last - m + 1):
+                    if any(b in in_drift for b in range(a - 1, a + m)):
                         continue  # a drift's probes are off its segments' rates by nature
-                    k = sum(counts[pts[a]] for a in run)
-                    n = sum(self._samples_at(pts[a]) for a in run)
+                    k, n = k_sum[a + m] - k_sum[a], n_sum[a + m] - n_sum[a]
                     rest = (k_all - k + 0.5) / (n_all - n + 1.0)
-                    deff = 1 + max(0.0, n / sum(self._starts(pts[a]) for a in run) - 1) * post.rho
+                    deff = 1 + max(0.0, n / (s_sum[a + m] - s_sum[a]) - 1) * post.rho
                     ke, ne = round(k / deff), max(1, round(n / deff))
                     tail = min(float(binom.sf(ke - 1, ne, rest)), float(binom.cdf(ke, ne, rest)))
                     if tail < level:
-                        odd.append((tail, tuple(pts[a] for a in run), rest, (k + 0.5) / (n + 1.0)))
-        for _, run_pts, rest, rate in sorted(odd):
-            lo, hi = sorted((rest, rate))
-            n = min(self.options.spread_batch, self._batch(lo, max(hi, 2 * lo), post.rho))
-            thin = [x for x in run_pts if self._probeable(x) and self._samples_at(x) < n]
-            if thin:
-                needs.append(_Need(self.explore, (min(thin, key=lambda x: (self._samples_at(x), x)),), n))
+                        odd.append((tail, pts[a:a + m], rest, (k + 0.5) / (n + 1.0)))
+        for _, stretch, rest, rate in sorted(odd):
+            if self._deepen(needs, stretch, (rest, rate), post.rho, self.explore):
                 return
 
     def _below_resolution(self, mode: str, post: ModePosterior) -> bool:
