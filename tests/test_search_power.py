@@ -403,3 +403,30 @@ def test_a_dip_among_thin_probes_gets_a_deeper_start_in_it() -> None:
     assert [(r.commit, r.samples) for r in search.ask(4)] == [("c63", SearchOptions().spread_batch)]
     assert told(SearchOptions(odd_level=None)).done  # where the search ended without it
 
+
+def test_an_odd_stretch_is_weighed_by_how_much_starts_vary() -> None:
+    # The dip's state with c66..c68 settled by six starts a side, and starts elsewhere in the segment
+    # that disagree (c40: 1 and 16 of 146; c95: 0 and 16 of 64): the learned dispersion is ~0.005, so
+    # c53, c58 and c63, one start each of ~106 samples, weigh as ~1.5x fewer. 4 of 318 is then no
+    # longer under odd_level against the segment, and nothing else is left to ask.
+    starts = {i: list(s) for i, s in _DIP.items()}
+    starts[66] = [(4, 100), (6, 100), (3, 100), (5, 100), (4, 100), (2, 100)]
+    starts[67] = [(12, 100), (9, 100), (14, 100), (10, 100), (11, 100), (13, 100)]
+    starts[68] = [(12, 100), (9, 100), (14, 100), (10, 100), (11, 100)]
+    starts[40] += [(1, 146), (16, 146)]
+    starts[95] += [(0, 64), (16, 64)]
+
+    def told(varying: bool) -> Search:
+        counts = starts if varying else {i: s for i, s in starts.items() if i not in (40, 95)} | {
+            40: _DIP[40], 95: _DIP[95]}
+        obs = [Observation(f"c{i}", n, {"m": k}) for i, s in counts.items() for k, n in s]
+        search = Search(commits(95), SearchOptions(), observations=obs)
+        search.tell_skip("c21", "untestable")
+        search.tell_skip("c51", "untestable")
+        return search
+
+    steady, varying = told(False), told(True)
+    assert steady.mode_posterior("m").rho < 0.001 < 0.003 < varying.mode_posterior("m").rho
+    assert [r.commit for r in steady.ask(4)] == ["c63"]  # steady starts: the stretch is odd
+    assert varying.done  # varying starts: the same counts are what the dispersion allows
+
