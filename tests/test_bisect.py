@@ -302,15 +302,26 @@ def test_no_change_says_how_wide_a_fixed_regression_could_hide_between_probes() 
     from sweeper.bisect.report import render
 
     cs = commits(60)
-    report = drive(Search(cs), lambda i: {"a": 0.3}, k=4)
+    report_search = Search(cs)
+    report = drive(report_search, lambda i: {"a": 0.3}, k=4)
     summary = summary_of(report, cs)
     (cell,) = summary["cells"]
     gaps = [b - a - 1 for a, b, _ in report.modes[0].gaps]
     assert cell["widest_unprobed"] == report.widest_unprobed == max(gaps) > 3 and summary["bump_width"] is None
     summary["confidence"] = min(report.modes[0].no_change, 0.9)
+    # The scan a user could ask for, priced: the starts it adds to these probes, and their GPU time.
+    quote = cell["bump_scan"]
+    assert quote["width"] == 3 and quote["server_starts"] == sum(g // 3 for g in gaps) > 0
     line = f"  no change in the range (none of 1.15x or more in the odds of failing); a regression fixed again " \
-           f"within {max(gaps)} commits could lie between two probed ones (--bumps N probes every N commits)"
+           f"within {max(gaps)} commits could lie between two probed ones (--bumps 3 probes every 3 commits: " \
+           f"about {quote['server_starts']} more server starts, {quote['gpu_seconds'] / 3600:.1f} GPU-h)"
     assert line in render(summary).splitlines()
+    # The same search resumed with the scan adds those starts and nothing else here (a steady rate).
+    resumed = Search(cs, SearchOptions(bump_width=3), observations=report_search.observations)
+    rescanned = drive(resumed, lambda i: {"a": 0.3}, k=4)
+    assert rescanned.probes - report.probes == quote["server_starts"]
+    assert rescanned.gpu_s - report.gpu_s == pytest.approx(quote["gpu_seconds"])
+    assert rescanned.scan_quote is None and "bump_scan" not in summary_of(rescanned, cs)["cells"][0]
     scanned = drive(Search(cs, SearchOptions(bump_width=3)), lambda i: {"a": 0.3}, k=4)
     summary = summary_of(scanned, cs)
     assert summary["bump_width"] == 3 and summary["cells"][0]["widest_unprobed"] <= 2
@@ -329,7 +340,8 @@ def test_a_bad_endpoint_that_passes_says_a_fixed_regression_could_hide_inside() 
     assert report.bad_endpoint is BadEndpoint.PASSES and report.widest_unprobed == 39
     text = render(summary_of(report, cs))
     assert "the bad endpoint passes: nothing fails there" in text
-    assert "; a regression fixed again within 39 commits could lie between two probed ones (--bumps N" in text
+    assert "; a regression fixed again within 39 commits could lie between two probed ones (--bumps 3 probes " \
+           "every 3 commits: about " in text
 
 
 def test_a_rate_that_varies_between_starts_earns_a_commit_more_starts() -> None:

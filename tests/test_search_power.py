@@ -426,7 +426,8 @@ def test_an_odd_stretch_is_weighed_by_how_much_starts_vary() -> None:
         return search
 
     steady, varying = told(False), told(True)
-    assert steady.mode_posterior("m").rho < 0.001 < 0.003 < varying.mode_posterior("m").rho
+    assert steady.mode_posterior("m").rho < 0.001
+    assert varying.mode_posterior("m").rho > 0.003
     assert [r.commit for r in steady.ask(4)] == ["c63"]  # steady starts: the stretch is odd
     assert varying.done  # varying starts: the same counts are what the dispersion allows
 

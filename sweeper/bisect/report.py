@@ -27,6 +27,8 @@
       to_decide_gpu_seconds   the modelled GPU-seconds still needed to decide every mode
       widest_unprobed the most testable commits in a row between two probed ones: a regression
                       fixed again within that many commits could lie there unseen
+      bump_scan       (without `--bumps` only) {width, server_starts, gpu_seconds}: what `--bumps
+                      width` would add to the probes made, before anything they find asks for more
       rounds, probes, samples, skipped: [[sha, reason]]
     rounds, server_starts, reused_samples, gpu_seconds   for the whole bisect
     budget          (with `--budget` only) {gpu_hours: the budget; spent_gpu_hours: the run's GPU-seconds
@@ -169,6 +171,8 @@ def describe(reports: Sequence[BisectReport], cells: Sequence[ReportCell], commi
                        "decided": m.decided, "to_decide_samples": m.to_decide_samples}
                       for m in rep.modes],
             "to_decide_gpu_seconds": rep.to_decide_s, "widest_unprobed": rep.widest_unprobed,
+            **({"bump_scan": dict(zip(("width", "server_starts", "gpu_seconds"), rep.scan_quote, strict=True))}
+               if rep.scan_quote else {}),
             "rounds": rep.rounds, "probes": rep.probes, "samples": rep.samples,
             "skipped": [list(s) for s in rep.skipped]})
     merged_by_commit = []
@@ -236,7 +240,15 @@ def _unseen(cell: Mapping[str, Any], scanned: int | None) -> str:
     if not w:
         return ""
     return (f"; a regression fixed again within {w} commit{'' if w == 1 else 's'} could lie between two "
-            "probed ones" + ("" if scanned else " (--bumps N probes every N commits)"))
+            "probed ones" + ("" if scanned else f" ({_scan_hint(cell.get('bump_scan'))})"))
+
+
+def _scan_hint(quote: Mapping[str, Any] | None) -> str:
+    if not quote or not quote.get("server_starts"):
+        return "--bumps N probes every N commits"
+    w, k = quote["width"], quote["server_starts"]
+    return (f"--bumps {w} probes every {w} commits: about {k} more server start{'' if k == 1 else 's'}, "
+            f"{quote['gpu_seconds'] / 3600:.1f} GPU-h")
 
 
 def _no_change(cell: dict[str, Any], confidence: float, scanned: int | None = None) -> str:

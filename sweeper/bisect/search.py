@@ -98,6 +98,19 @@ SPREAD_FLOOR = 0.05  # a gap's P(change) that counts it in a run of small steps 
 
 # A learned per-start correlation above this: the mode's rate varies between server starts.
 RHO_VARIES = 0.02
+# The scan width a report prices when none was asked for (`BisectReport.scan_quote`): the benchmarks'
+# short bumps are 3-5 commits wide, and a scan's starts grow as N / width, so 3 is the dearest of them.
+QUOTED_SCAN_WIDTH = 3
+
+def _scan_grid(inside: Sequence[int], width: int) -> tuple[int, ...]:
+    """The fewest commits of a gap's testable ones (`inside`) that leave no run of `width` of them
+    unprobed: len // width, evenly spaced. Any of them probed leaves the rest still the fewest for
+    the two parts, so a scan spread over rounds ends with as few probes as one made at once (a
+    scan that split the whole gap in halves took 15 starts where 13 do)."""
+    g = len(inside)
+    t = g // width
+    return tuple(inside[(s + 1) * (g + 1) // (t + 1) - 1] for s in range(t))
+
 
 class Direction(StrEnum):
     REGRESSION = "regression"
@@ -288,6 +301,9 @@ class BisectReport:
     # there), and the scan asked for (`SearchOptions.bump_width`).
     widest_unprobed: int = 0
     bump_width: int | None = None
+    # Without a scan: what one at QUOTED_SCAN_WIDTH would add now, (width, server starts, modelled
+    # GPU-seconds), before anything its probes find asks for more. None with a scan.
+    scan_quote: tuple[int, int, float] | None = None
 
     @property
     def undecided(self) -> tuple[ModeReport, ...]:
@@ -528,15 +544,30 @@ class Search:
         """`bump_width`: split every gap between probed commits that holds `width` or more testable
         commits, mode or no mode (a bump from a clean rate shows no mode at either end). A probe is
         sized to see three times each mode's rate around it, as a bump need is."""
-        posts = [self.mode_posterior(m) for m in self._modes]
         for lo, inside in self._unprobed_runs():
-            if len(inside) < width:
-                continue
-            n = self.first_batch
-            for post in posts:
-                r = post.segment_at(lo).rate
-                n = max(n, self._batch(r, 3 * r + self.min_rate, post.rho))
-            needs.append(_Need(self.options.bump_explore, inside, n, split=True))
+            if len(inside) >= width:
+                needs.append(_Need(self.options.bump_explore, _scan_grid(inside, width), self._scan_batch(lo),
+                                   split=True))
+
+    def _scan_batch(self, lo: int) -> int:
+        """Samples for a scan's probe in the gap above `lo`: three times each mode's rate there."""
+        n = self.first_batch
+        for mode in self._modes:
+            post = self.mode_posterior(mode)
+            r = post.segment_at(lo).rate
+            n = max(n, self._batch(r, 3 * r + self.min_rate, post.rho))
+        return n
+
+    def _scan_quote(self, width: int) -> tuple[int, int, float]:
+        """The probes a scan at `width` would add to those made: a gap of g testable commits needs
+        g // width of them before no run of `width` is left unprobed."""
+        starts, gpu_s = 0, 0.0
+        for lo, inside in self._unprobed_runs():
+            k = len(_scan_grid(inside, width))
+            if k:
+                starts += k
+                gpu_s += k * (self.options.start_s + self._scan_batch(lo) * self.options.request_s)
+        return width, starts, gpu_s
 
     def widest_unprobed(self) -> int:
         """The most testable commits in a row with no probe between two probed ones: the widest
@@ -934,7 +965,8 @@ class Search:
         return BisectReport(modes, self.bad_endpoint(), self.confidence, not needs, len(needs), self.rounds,
                             probes, self.total_samples,
                             tuple((self.commits[i], r) for i, r in sorted(self._skipped.items())),
-                            self.gpu_s, float(to_decide), self.widest_unprobed(), o.bump_width)
+                            self.gpu_s, float(to_decide), self.widest_unprobed(), o.bump_width,
+                            None if o.bump_width else self._scan_quote(QUOTED_SCAN_WIDTH))
 
     def _mode_report(self, mode: str) -> ModeReport:
         post = self.mode_posterior(mode)
