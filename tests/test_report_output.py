@@ -345,6 +345,28 @@ def test_a_bisect_of_one_start_a_round_says_so_in_the_singular(tmp_path: Path, t
     assert outcome.summary["server_starts"] >= 1
 
 
+def test_a_bisect_prices_what_it_leaves_open_with_the_matrixs_cost(
+        tmp_path: Path, tiny_suite: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Nothing fails anywhere, so the bad endpoint passes; the report prices the scan that could look
+    for a regression fixed again inside (`bump_scan`) as the matrix states a start and a request cost,
+    not at a default: 1,000 s a start and 1 s a request make a scan's probe of 64 samples 1,064 s."""
+    from conftest import crash_history
+
+    crash_history(tmp_path, tiny_suite, 12, crash_from=12, after_requests=1)  # no commit crashes
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text(matrix.read_text() + "cost: {install_s: 0, start_s: 1000, request_s: 1}\n")
+    code, printed, err = run_cli(["bisect", "--good", "v0.27", "--bad", "c11", "--matrix", str(matrix),
+                                  "--where", "spec_method=mtp", "--executor", "local", "--parallel", "4",
+                                  "--json", "--runs-dir", str(tmp_path / "runs"), "--cache-dir", str(tmp_path / "cache")],
+                                 capsys)
+    assert code == 0, err
+    (cell,) = json.loads(printed)["cells"]
+    assert cell["bad_endpoint"] == "passes" and cell["widest_unprobed"] >= 3
+    scan = cell["bump_scan"]
+    assert scan["width"] == 3 and scan["server_starts"] >= 1
+    assert scan["gpu_seconds"] == pytest.approx(1064.0 * scan["server_starts"])
+
+
 # The full tier: a whole simulated scan (18 s); the scan itself is checked on scripted counts in the fast
 # tier (`tests/test_search_power.py::test_a_bump_scan_leaves_no_stretch_of_its_width_unprobed`).
 @pytest.mark.full

@@ -190,7 +190,13 @@ class Bisector:
         all samples seen. A round's searches live for that round: what one was asked and not told
         (a want no server start of the round served) goes with it."""
         merged = self.mode_names()
-        return [Search(self.commits, self.options.search, observations=self._observations(t, merged),
+        # The searches price a start and a request as the budget does (the install kind's profile,
+        # under the matrix's `cost:`): how many samples a start gets before another start is cheaper
+        # where starts vary, and what deciding or a scan would cost, are the install's, not a default's.
+        g = self.matrix.spec.gpus_per_cell
+        options = dataclasses.replace(self.options.search, start_s=self.profile.start_s * g,
+                                      request_s=self.profile.request_s * g)
+        return [Search(self.commits, options, observations=self._observations(t, merged),
                        rounds=self.round) for t in self.targets]
 
     def _observations(self, target: Target, modes: dict[tuple[str, frozenset[str]], str]) -> list[Observation]:

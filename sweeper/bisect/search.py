@@ -917,9 +917,13 @@ class Search:
             # GPU-seconds per independent sample, (start_s + n request_s) (1 + (n - 1) rho) / n,
             # are least at n = sqrt(start_s (1 - rho) / (request_s rho)): past it, another start
             # buys more than more samples on this one.
-            cheapest = math.sqrt(self.options.start_s * (1 - rho) / (self.options.request_s * rho))
+            o = self.options
+            # A request stated free (`cost: {request_s: 0}`) makes samples the cheaper way, as far as
+            # one start's draw of the rate allows.
+            cheapest = math.sqrt(o.start_s * (1 - rho) / (o.request_s * rho)) if o.request_s > 0 else math.inf
             one_start = need * (1 - rho) / (1 - need * rho) if need * rho < 0.5 else math.inf
-            need = math.ceil(min(one_start, cheapest))
+            best = min(one_start, cheapest)
+            need = math.ceil(best) if math.isfinite(best) else self.max_batch
         return int(min(self.max_batch, max(self.min_batch, need)))
 
     def _wald(self, lo: float, hi: float) -> int:
