@@ -36,8 +36,9 @@ How a round is chosen. Every mode names the commits it wants, each with a value:
   on two changes inside it (a short bump: a regression and its fix): the same, worth that
   probability;
 * with `bump_width` W (a scan the user asks for): inside every gap between probed commits that
-  holds W or more testable commits, mode or no mode, the same, worth `bump_explore`: a regression
-  fixed again W or more commits later cannot then fall between two probes;
+  holds W or more testable commits, mode or no mode, the fewest of them that leave no run of W
+  unprobed (g // W of its g, evenly spaced), worth `bump_explore`: a regression fixed again W or
+  more commits later cannot then fall between two probes;
 * for a gap already down to one testable commit whose change is still unsure: one more start on
   the side with fewer samples, worth min(P, 1 - P), sized for the contrast the two commits' own
   counts show (at least 2x; not the mode's largest), up to `max_starts_in_doubt` starts a side,
@@ -101,6 +102,7 @@ RHO_VARIES = 0.02
 # The scan width a report prices when none was asked for (`BisectReport.scan_quote`): the benchmarks'
 # short bumps are 3-5 commits wide, and a scan's starts grow as N / width, so 3 is the dearest of them.
 QUOTED_SCAN_WIDTH = 3
+
 
 def _scan_grid(inside: Sequence[int], width: int) -> tuple[int, ...]:
     """The fewest commits of a gap's testable ones (`inside`) that leave no run of `width` of them
