@@ -89,19 +89,31 @@ def sweep(*args: str, env: dict[str, str] | None = None, terminal: bool = False,
     proc2 = subprocess.Popen(command, env=environ, stdin=follower, stdout=follower, stderr=follower)
     os.close(follower)
     chunks = []
-    while True:
-        ready, _, _ = select.select([leader], [], [], 120)
-        if not ready:
-            proc2.kill()
-            break
+    try:
+        while True:
+            ready, _, _ = select.select([leader], [], [], 120)
+            if not ready:
+                proc2.kill()
+                break
+            try:
+                data = os.read(leader, 65536)
+            except OSError:  # the child closed its end
+                break
+            if not data:
+                break
+            chunks.append(data)
+    except BaseException:
+        # A pytest timeout lands here with the run still going: end it as a user's kill would (it
+        # stops its Ray), rather than leave it and its Ray behind the test.
+        proc2.terminate()
         try:
-            data = os.read(leader, 65536)
-        except OSError:  # the child closed its end
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(leader)
+            proc2.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc2.kill()
+            proc2.wait()
+        raise
+    finally:
+        os.close(leader)
     code = proc2.wait(timeout=60)
     text = b"".join(chunks).decode()
     # A terminal gets colours and CRLF line ends: what is left is what the eye sees.
