@@ -350,7 +350,7 @@ def test_a_rate_that_varies_between_starts_earns_a_commit_more_starts() -> None:
     max_starts_in_doubt of the two commits beside a step still in doubt."""
     def starts_per_commit(icc: float) -> int:
         # (A budget: the search would otherwise go on, on evidence, to locate the change.)
-        search = Search(commits(30), SearchOptions(max_samples=6000))
+        search = Search(commits(30), SearchOptions(max_samples=9000))
         history = {"a": 0.093}, {"a": 0.167}
         drive(search, lambda i: history[i >= 21], k=4, rng=np.random.default_rng(0), icc=icc)
         return max(Counter(r.index for r in search._probes).values())

@@ -138,9 +138,10 @@ class SearchOptions:
     max_rounds: int | None = None
     max_starts_per_commit: int = 6
     # Once some mode's rate varies between server starts (each start is then worth a few samples):
-    # 48 finds an ICC 0.2-0.4 step in 69 % of histories where 24 found 53 % and 12 41 %, at the same
-    # cost where fewer find it; 96 finds 76 %, with a tail of 700-1,300 starts (BENCHMARKS.md).
-    max_starts_varying: int = 48
+    # 96 finds an ICC 0.2-0.4 step in 74 % of 100 histories, at 0.97x the mean GPU-hours that 48 took
+    # (69 %) before gaps away from a change were left at `explore` where starts vary; 24 found 53 %
+    # and 12 41 %, at the same cost where fewer find it (BENCHMARKS.md).
+    max_starts_varying: int = 96
     # Starts for each side of a step located to one commit but still in doubt (while starts agree):
     # six starts of a few hundred samples left 1.3-2x steps at P 0.9 for good. With this (and starts
     # sized for the step), 1.5-2x steps are found in 94 % of 500 histories where 87 % were; 12 and 24
