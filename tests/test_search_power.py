@@ -323,12 +323,12 @@ def test_a_gpu_budget_stops_the_rounds_and_says_what_deciding_would_cost() -> No
     of the starts told reach it, and the open mode is reported undecided with its cost; resumed with
     a larger budget from the same observations, the search goes on and finds the change."""
     step = scripted(lambda i: 0.02 if i < 37 else 0.05)
-    tight = Search(commits(80), SearchOptions(max_gpu_s=3 * 3600))
+    tight = Search(commits(80), SearchOptions(max_gpu_s=4 * 3600))
     report = run(tight, step)
     last = max(o.round for o in tight.observations)
     o = tight.options
     before_last = sum(o.start_s + o.request_s * obs.samples for obs in tight.observations if obs.round < last)
-    assert tight.done and not report.done and before_last < 3 * 3600 <= report.gpu_s
+    assert tight.done and not report.done and before_last < 4 * 3600 <= report.gpu_s
     assert report.undecided and report.to_decide_s > 0
     more = Search(commits(80), SearchOptions(max_gpu_s=40 * 3600), observations=tight.observations)
     found = run(more, step)
@@ -432,13 +432,12 @@ def test_an_odd_stretch_is_weighed_by_how_much_starts_vary() -> None:
     assert varying.done  # varying starts: the same counts are what the dispersion allows
 
 
-
 def test_a_step_located_under_varying_starts_settles_its_own_gap_not_every_neighbour() -> None:
     # Every commit of c0..c12 probed, starts of 18 samples varying a lot (learned ICC ~0.1): about
     # 1 % before c6, 8 % from it, one odd commit (c9) mostly clean. The step at c6 is still in doubt
     # (P 0.987), and the other gaps hold 1-2.4 % each, as odd starts leave them. Driving each of
     # those under 1 % too asked c0 and c3 here, and walked a benchmark step at ICC 0.26 from c66
-    # down to c44 at 15-48 starts a commit (780 starts, the step missed); only the step's gap and its
+    # down to c44 at 15-48 starts a commit (780 starts; 517 now, the step still unclaimed); only the step's gap and its
     # neighbours (its alternatives) are worth starts, as a gap under `explore` with commits inside is
     # not split either.
     low = [(0, 18)] * 12 + [(1, 18)]
@@ -452,3 +451,9 @@ def test_a_step_located_under_varying_starts_settles_its_own_gap_not_every_neigh
     assert max(others) < 0.05 and sum(p > 0.01 for p in others) >= 5
     asked = {req.commit for req in search.ask(4)}
     assert asked and asked <= {"c4", "c5", "c6", "c7"}, asked
+    # Where starts agree (learned ICC ~0), a gap's last percent is thin counts, and still settled.
+    steady = _told(12, {i: [(1, 60), (0, 60)] if i < 6 else [(3, 60), (4, 60)] for i in range(13)}
+                   | {9: [(1, 60), (2, 60)]})
+    post = steady.mode_posterior("m")
+    assert post.rho < 0.02 and 0.01 < post.gap_change[0] < 0.05
+    assert {"c0", "c3"} & {req.commit for req in steady.ask(4)}
