@@ -437,9 +437,9 @@ def test_a_step_located_under_varying_starts_settles_its_own_gap_not_every_neigh
     # 1 % before c6, 8 % from it, one odd commit (c9) mostly clean. The step at c6 is still in doubt
     # (P 0.987), and the other gaps hold 1-2.4 % each, as odd starts leave them. Driving each of
     # those under 1 % too asked c0 and c3 here, and walked a benchmark step at ICC 0.26 from c66
-    # down to c44 at 15-48 starts a commit (780 starts; 517 now, the step still unclaimed); only the step's gap and its
-    # neighbours (its alternatives) are worth starts, as a gap under `explore` with commits inside is
-    # not split either.
+    # down to c44 at 15-48 starts a commit (780 starts; 517 now, the step still unclaimed); only the
+    # step's gap and its neighbours (its alternatives) are worth starts, as a gap under `explore` with
+    # commits inside is not split either.
     low = [(0, 18)] * 12 + [(1, 18)]
     high = [(0, 18), (3, 18), (0, 18), (5, 18), (1, 18), (0, 18), (2, 18), (0, 18), (4, 18), (0, 18)]
     counts = {i: low if i < 6 else high for i in range(13)} | {9: [(0, 18)] * 9 + [(1, 18)]}

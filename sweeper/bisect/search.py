@@ -558,9 +558,12 @@ class Search:
         n = self.first_batch
         for mode in self._modes:
             post = self.mode_posterior(mode)
-            r = post.segment_at(lo).rate
-            n = max(n, self._batch(r, 3 * r + self.min_rate, post.rho))
+            n = max(n, self._bump_batch(post.segment_at(lo).rate, post.rho))
         return n
+
+    def _bump_batch(self, r: float, rho: float) -> int:
+        """Samples to see a bump of three times the rate `r` around it (and `min_rate` over a clean one)."""
+        return self._batch(r, 3 * r + self.min_rate, rho)
 
     def _scan_quote(self, width: int) -> tuple[int, int, float]:
         """The probes a scan at `width` would add to those made: a gap of g testable commits needs
@@ -609,11 +612,11 @@ class Search:
             # Where starts vary, a gap not beside a likely change is left under `explore`, as one
             # with commits inside is not split: odd starts leave 1-5 % on most gaps of a segment
             # probed commit by commit, and driving each under 1 - confidence walked an ICC 0.26
-            # step from c66 down to c44 at 15-48 starts a commit (780 starts; 517 with this, still unclaimed). A
-            # located change's neighbours, its alternatives, are still settled: left at 1-5 %, two
-            # claims at ICC 0.35-0.37 of 100 were a commit or more off. Where starts agree, a gap's
-            # last percent is thin counts, and settling it finds secondary changes: without it,
-            # three changes in one mode were found in 77.7 % of cases, not 78.5 %.
+            # step from c66 down to c44 at 15-48 starts a commit (780 starts; 517 with this, still
+            # unclaimed). A located change's neighbours, its alternatives, are still settled: left
+            # at 1-5 %, two claims at ICC 0.35-0.37 of 100 were a commit or more off. Where starts
+            # agree, a gap's last percent is thin counts, and settling it finds secondary changes:
+            # without it, three changes in one mode were found in 77.7 % of cases, not 78.5 %.
             doubt_floor = self.explore if varies and not {a - 1, a + 1} & likely else 1 - self.confidence
             if inside:
                 if p >= self.explore:
@@ -622,8 +625,7 @@ class Search:
                     # Both ends share a rate, but a rise and its fix may sit between them: worth a
                     # look in proportion to the prior's mass on two changes inside, sized to see
                     # a bump of three times the rate around it.
-                    r = seg_lo.rate
-                    needs.append(_Need(bump, inside, self._batch(r, 3 * r + self.min_rate, post.rho), split=True))
+                    needs.append(_Need(bump, inside, self._bump_batch(seg_lo.rate, post.rho), split=True))
             elif doubt_floor < p < self.confidence and max(
                     seg_lo.high, seg_hi.high, self._point_high(mode, lo), self._point_high(mode, hi)) >= self.min_rate \
                     and self._may_differ(mode, lo, hi):
