@@ -551,7 +551,9 @@ def bisect_cmd(
                                               help="Also look for a regression fixed again inside the range, at "
                                                    "least COMMITS commits wide: a probe in every run of COMMITS "
                                                    "commits (about N / COMMITS server starts per cell over N "
-                                                   "commits), whatever the ends show.")] = None,
+                                                   "commits), whatever the ends show. Without it, a cell is "
+                                                   "scanned every 3 commits only before its bisect would say "
+                                                   "nothing changed; 0: never.")] = None,
     runs_dir: RunsDir = "runs",
     run_id: Annotated[str | None, typer.Option(help="Name of the new bisect run.")] = None,
     resume: Annotated[str | None, typer.Option(help="Continue this bisect run.")] = None,
@@ -577,11 +579,12 @@ def bisect_cmd(
                                repo=repo)
     if budget is not None and not (0 < budget < float("inf")):
         raise ConfigError(f"expected a number of GPU-hours above 0, got {budget:g}", key="--budget")
-    if bumps is not None and bumps < 1:
-        raise ConfigError(f"expected a number of commits >= 1, got {bumps}", key="--bumps")
+    if bumps is not None and bumps < 0:
+        raise ConfigError(f"expected a number of commits >= 1, or 0 for no scan, got {bumps}", key="--bumps")
     options = driver.BisectOptions(confidence=confidence, max_samples=max_samples, parallel=parallel, widen=widen,
                                    cache_dir=cache_dir, runs_dir=runs_dir, run_id=run_id, resume=resume,
-                                   budget_h=budget, bump_width=bumps)
+                                   budget_h=budget, bump_width=bumps or None,
+                                   quiet_scan=bumps != 0)
     try:
         outcome = driver.run_bisect(scope, options, executor=choose(executor, address=address, gpus=gpus),
                                     on_event=lambda line: err.print(line, markup=False, highlight=False))

@@ -298,16 +298,18 @@ def test_no_change_is_said_flatly_only_at_the_target() -> None:
 def test_no_change_says_how_wide_a_fixed_regression_could_hide_between_probes() -> None:
     # "No change" is about the probed commits: a regression fixed again between two of them shows at
     # neither. The report says how many commits in a row went unprobed, and how to look; with a
-    # scan (`--bumps`), how wide what it could still miss is, and no hint.
+    # scan (`--bumps`), how wide what it could still miss is, and no hint. (Without one a search
+    # scans before it says "no change", unless told not to: `quiet_scan`.)
     from sweeper.bisect.report import render
 
     cs = commits(60)
-    report_search = Search(cs)
+    report_search = Search(cs, SearchOptions(quiet_scan=None))
     report = drive(report_search, lambda i: {"a": 0.3}, k=4)
     summary = summary_of(report, cs)
     (cell,) = summary["cells"]
     gaps = [b - a - 1 for a, b, _ in report.modes[0].gaps]
     assert cell["widest_unprobed"] == report.widest_unprobed == max(gaps) > 3 and summary["bump_width"] is None
+    assert summary["quiet_scan"] is None
     summary["confidence"] = min(report.modes[0].no_change, 0.9)
     # The scan a user could ask for, priced: the starts it adds to these probes, and their GPU time.
     quote = cell["bump_scan"]
@@ -324,7 +326,10 @@ def test_no_change_says_how_wide_a_fixed_regression_could_hide_between_probes() 
     assert rescanned.scan_quote is None and "bump_scan" not in summary_of(rescanned, cs)["cells"][0]
     scanned = drive(Search(cs, SearchOptions(bump_width=3)), lambda i: {"a": 0.3}, k=4)
     summary = summary_of(scanned, cs)
-    assert summary["bump_width"] == 3 and summary["cells"][0]["widest_unprobed"] <= 2
+    assert summary["bump_width"] == 3 and summary["cells"][0]["widest_unprobed"] <= 2 and summary["quiet_scan"] is None
+    # The default search makes that scan before it says "no change", and says it made it.
+    default = drive(Search(cs), lambda i: {"a": 0.3}, k=4)
+    assert default.probes == rescanned.probes and summary_of(default, cs)["quiet_scan"] == 3
     summary["confidence"] = min(scanned.modes[0].no_change, 0.9)
     text = render(summary)
     assert "could lie between two probed ones" in text and "--bumps" not in text
@@ -336,7 +341,7 @@ def test_a_bad_endpoint_that_passes_says_a_fixed_regression_could_hide_inside() 
     from sweeper.bisect.report import render
 
     cs = commits(40)
-    report = drive(Search(cs), lambda i: {}, k=2)
+    report = drive(Search(cs, SearchOptions(quiet_scan=None)), lambda i: {}, k=2)
     assert report.bad_endpoint is BadEndpoint.PASSES and report.widest_unprobed == 39
     text = render(summary_of(report, cs))
     assert "the bad endpoint passes: nothing fails there" in text

@@ -361,18 +361,21 @@ def test_a_bisect_prices_what_it_leaves_open_with_the_matrixs_cost(
         tmp_path: Path, tiny_suite: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Nothing fails anywhere, so the bad endpoint passes; the report prices the scan that could look
     for a regression fixed again inside (`bump_scan`) as the matrix states a start and a request cost,
-    not at a default: 1,000 s a start and 1 s a request make a scan's probe of 64 samples 1,064 s."""
+    not at a default: 1,000 s a start and 1 s a request make a scan's probe of 64 samples 1,064 s.
+    `--bumps 0`: not even the scan a bisect makes before it says nothing changed."""
     from conftest import crash_history
 
     crash_history(tmp_path, tiny_suite, 12, crash_from=12, after_requests=1)  # no commit crashes
     matrix = tmp_path / "m.yaml"
     matrix.write_text(matrix.read_text() + "cost: {install_s: 0, start_s: 1000, request_s: 1}\n")
     code, printed, err = run_cli(["bisect", "--good", "v0.27", "--bad", "c11", "--matrix", str(matrix),
-                                  "--where", "spec_method=mtp", "--executor", "local", "--parallel", "4",
+                                  "--where", "spec_method=mtp", "--executor", "local", "--parallel", "4", "--bumps", "0",
                                   "--json", "--runs-dir", str(tmp_path / "runs"), "--cache-dir", str(tmp_path / "cache")],
                                  capsys)
     assert code == 0, err
-    (cell,) = json.loads(printed)["cells"]
+    verdict = json.loads(printed)
+    (cell,) = verdict["cells"]
+    assert verdict["quiet_scan"] is None and verdict["bump_width"] is None
     assert cell["bad_endpoint"] == "passes" and cell["widest_unprobed"] >= 3
     scan = cell["bump_scan"]
     assert scan["width"] == 3 and scan["server_starts"] >= 1
@@ -385,19 +388,20 @@ def test_a_bisect_prices_what_it_leaves_open_with_the_matrixs_cost(
 def test_bisect_bumps_finds_a_crash_fixed_again_inside_the_range(
         tmp_path: Path, tiny_suite: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The engine dies at c4..c6 only: nothing fails at either end (without a scan the bad endpoint
-    passes and that is all: `tests/test_bisect.py`); `--bumps 3` probes every run of three commits,
-    finds the crash, and names both the commit that brought it and the one that fixed it."""
+    passes and that is all: `tests/test_bisect.py`). A bisect about to say nothing changed probes every
+    run of three commits first, unasked, finds the crash, and names both the commit that brought it
+    and the one that fixed it."""
     from conftest import crash_history
 
     shas = crash_history(tmp_path, tiny_suite, 10, crash_from=4, crash_until=7, after_requests=1)
     code, printed, err = run_cli(["bisect", "--good", "v0.27", "--bad", "c9", "--matrix", str(tmp_path / "m.yaml"),
                                   "--where", "spec_method=mtp", "--executor", "local", "--parallel", "4",
-                                  "--bumps", "3", "--json", "--runs-dir", str(tmp_path / "runs"),
+                                  "--json", "--runs-dir", str(tmp_path / "runs"),
                                   "--cache-dir", str(tmp_path / "cache")], capsys)
     assert code == 0, err
     verdict = json.loads(printed)
     (cell,) = verdict["cells"]
-    assert verdict["bump_width"] == 3 and cell["widest_unprobed"] <= 2 and cell["bad_endpoint"] == "passes"
+    assert verdict["bump_width"] is None and verdict["quiet_scan"] == 3 and cell["bad_endpoint"] == "passes"
     found = [(c["direction"], c["commit"]["sha"]) for c in cell["changes"] if c["found"]]
     assert found == [("regression", shas["c4"]), ("fix", shas["c7"])], cell["changes"]
 

@@ -292,13 +292,13 @@ def test_a_bump_pooled_into_a_clean_segment_is_not_below_resolution() -> None:
 
 
 def test_a_bump_scan_leaves_no_stretch_of_its_width_unprobed() -> None:
-    # Nothing fails at either end, so no mode is seen, and without a scan the search ends there;
-    # with `bump_width` 3 every run of three testable commits gets a probe, and the bump at c40..c42
-    # (30 % from a clean rate) is found, its regression and its fix.
+    # Nothing fails at either end, so no mode is seen, and a search without a scan ends there; with
+    # `bump_width` 3 every run of three testable commits gets a probe, and the bump at c40..c42 (30 %
+    # from a clean rate) is found, its regression and its fix.
     def failures(i: int, samples: int, start: int) -> int:
         return round(0.3 * samples) if 40 <= i <= 42 else 0
 
-    plain = Search(commits(90), SearchOptions())
+    plain = Search(commits(90), SearchOptions(quiet_scan=None))
     assert run(plain, failures).changes == ()
     assert plain.result().widest_unprobed > 3
     search = Search(commits(90), SearchOptions(bump_width=3))
@@ -309,6 +309,35 @@ def test_a_bump_scan_leaves_no_stretch_of_its_width_unprobed() -> None:
     assert found == [(Direction.REGRESSION, "c40"), (Direction.FIX, "c43")], found
 
 
+def test_a_search_that_would_say_nothing_changed_scans_for_a_fixed_regression_first() -> None:
+    # By default (`quiet_scan` 3) a search about to report no change, here with nothing failing at
+    # either end, first probes every run of three commits: the bump at c61..c63 is found unasked.
+    def failures(i: int, samples: int, start: int) -> int:
+        return round(0.3 * samples) if 61 <= i <= 63 else 0
+
+    rep = run(Search(commits(90), SearchOptions()), failures)
+    found = [(c.direction, c.commit) for c in rep.changes if c.found]
+    assert found == [(Direction.REGRESSION, "c61"), (Direction.FIX, "c64")], found
+    # Ends that fail alike, at 5 %, and nothing between: the scan leaves no run of three unprobed, and
+    # only then is "no change" said.
+    quiet = run(Search(commits(90), SearchOptions()), scripted(lambda i: 0.05))
+    assert quiet.changes == () and quiet.widest_unprobed <= 2 and quiet.scan_quote == (3, 0, 0.0)
+
+
+def test_a_search_that_locates_a_change_makes_no_scan_it_was_not_asked_for() -> None:
+    # The scan before "no change" costs nothing where a change is found: the same probes, sample for
+    # sample, as a search that never scans, and the report still prices the scan it did not make.
+    def searched(options: SearchOptions) -> tuple[Search, BisectReport]:
+        search = Search(commits(120), options)
+        return search, run(search, scripted(lambda i: 0.12 if i >= 77 else 0.03))
+
+    default, rep = searched(SearchOptions())
+    never, rep_never = searched(SearchOptions(quiet_scan=None))
+    assert [(c.commit, c.found) for c in rep.changes] == [("c77", True)]
+    assert default.observations == never.observations
+    assert rep.scan_quote == rep_never.scan_quote and rep.scan_quote is not None and rep.scan_quote[1] > 0
+
+
 def test_a_bump_width_below_one_is_refused() -> None:
     import pytest
 
@@ -316,6 +345,8 @@ def test_a_bump_width_below_one_is_refused() -> None:
 
     with pytest.raises(BisectError, match="bump_width"):
         Search(commits(10), SearchOptions(bump_width=0))
+    with pytest.raises(BisectError, match="quiet_scan"):
+        Search(commits(10), SearchOptions(quiet_scan=0))
 
 
 def test_a_gpu_budget_stops_the_rounds_and_says_what_deciding_would_cost() -> None:

@@ -106,10 +106,15 @@ class BisectOptions:
     # Also look for a regression fixed again inside the range at least this many commits wide
     # (`SearchOptions.bump_width`): a probe in every run of that many commits, whatever the ends show.
     bump_width: int | None = None
+    # Without a scan asked for, scan every 3 commits before reporting that nothing changed
+    # (`SearchOptions.quiet_scan`); False (`--bumps 0`): never scan.
+    quiet_scan: bool = True
 
     @property
     def search(self) -> SearchOptions:
-        return SearchOptions(confidence=self.confidence, max_samples=self.max_samples, bump_width=self.bump_width)
+        quiet = SearchOptions.quiet_scan if self.quiet_scan else None
+        return SearchOptions(confidence=self.confidence, max_samples=self.max_samples, bump_width=self.bump_width,
+                             quiet_scan=quiet)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@
     range           {good, bad: sha; commits: number of commits after good}
     confidence      the target; a change is `found` when located and at least this sure
     bump_width      `--bumps`: every run of this many commits was to get a probe (null: no scan)
+    quiet_scan      without `--bumps`: every run of this many commits was to get a probe before a
+                    cell's bisect said nothing changed (null: `--bumps` given, or 0)
     by_commit[]     one entry per commit where any change was found, newest first:
                     {commit: COMMIT, changes: [{mode, direction, confidence, cells: [label]}]}
     cells[]         one entry per bisected cell:
@@ -193,7 +195,8 @@ def describe(reports: Sequence[BisectReport], cells: Sequence[ReportCell], commi
         merged_by_commit.append({"commit": info(sha), "changes": changes_here, "swaps": _swaps(changes_here)})
     return {"schema": SCHEMA, "range": {"good": commits[0], "bad": commits[-1], "commits": len(commits) - 1},
             "confidence": reports[0].confidence if reports else None,
-            "bump_width": reports[0].bump_width if reports else None, "by_commit": merged_by_commit,
+            "bump_width": reports[0].bump_width if reports else None,
+            "quiet_scan": reports[0].quiet_scan if reports else None, "by_commit": merged_by_commit,
             "cells": rows}
 
 

@@ -39,6 +39,9 @@ How a round is chosen. Every mode names the commits it wants, each with a value:
   holds W or more testable commits, mode or no mode, the fewest of them that leave no run of W
   unprobed (g // W of its g, evenly spaced), worth `bump_explore`: a regression fixed again W or
   more commits later cannot then fall between two probes;
+* without it, once nothing else is wanted and no mode has a change in view (or none fails): the
+  same scan at `quiet_scan` (3) before the search says nothing changed. Ends that agree are where a
+  regression fixed again hides, and a search that located a change never makes it;
 * for a gap already down to one testable commit whose change is still unsure (P under `confidence`
   and over 1 - `confidence`; where starts vary, over `explore` unless beside a likely change): one
   more start on the side with fewer samples, worth min(P, 1 - P), sized for the contrast the two
@@ -168,6 +171,11 @@ class SearchOptions:
     # starts over N commits. None: only where the prior puts `bump_explore` on one (cheap, and
     # blind to a bump much shorter than the range).
     bump_width: int | None = None
+    # The scan a search makes, unless `bump_width` asks for one, before it reports that nothing
+    # changed (no mode with a change in view, or none that fails): a range whose ends agree is where
+    # a regression fixed again hides, and "no change" is only honest once no run of this many
+    # commits is left unprobed. None: no such scan.
+    quiet_scan: int | None = 3
     # Where a mode's search would end with a change in view, a stretch whose gaps each hold under
     # `explore` of another change, but together at least this much, with failures at both its ends:
     # its thinnest probe gets one more start of up to `spread_batch` samples. Probes split early are
@@ -308,6 +316,8 @@ class BisectReport:
     # Without a scan: what one at QUOTED_SCAN_WIDTH would add now, (width, server starts, modelled
     # GPU-seconds), before anything its probes find asks for more. None with a scan.
     scan_quote: tuple[int, int, float] | None = None
+    # The scan made before reporting no change (`SearchOptions.quiet_scan`), None when off.
+    quiet_scan: int | None = 3
 
     @property
     def undecided(self) -> tuple[ModeReport, ...]:
@@ -353,6 +363,8 @@ class Search:
             raise BisectError(f"confidence must be in (0.5, 1), got {o.confidence}")
         if o.bump_width is not None and o.bump_width < 1:
             raise BisectError(f"bump_width must be a number of commits >= 1, got {o.bump_width}")
+        if o.quiet_scan is not None and o.quiet_scan < 1:
+            raise BisectError(f"quiet_scan must be a number of commits >= 1, got {o.quiet_scan}")
         self.commits = tuple(commits)
         self.options = o
         self.confidence = o.confidence
@@ -542,7 +554,13 @@ class Search:
             self._mode_needs(mode, needs)
         if self.options.bump_width:
             self._scan_needs(needs, self.options.bump_width)
+        elif self.options.quiet_scan and not needs and not self._in_view():
+            self._scan_needs(needs, self.options.quiet_scan)
         return needs
+
+    def _in_view(self) -> bool:
+        """Some mode has a change more likely than not: the search has something to report."""
+        return any(p > 0.5 for m in self._modes for p in self.mode_posterior(m).gap_change)
 
     def _scan_needs(self, needs: list[_Need], width: int) -> None:
         """`bump_width`: split every gap between probed commits that holds `width` or more testable
@@ -987,7 +1005,8 @@ class Search:
                             probes, self.total_samples,
                             tuple((self.commits[i], r) for i, r in sorted(self._skipped.items())),
                             self.gpu_s, float(to_decide), self.widest_unprobed(), o.bump_width,
-                            None if o.bump_width else self._scan_quote(QUOTED_SCAN_WIDTH))
+                            None if o.bump_width else self._scan_quote(QUOTED_SCAN_WIDTH),
+                            None if o.bump_width else o.quiet_scan)
 
     def _mode_report(self, mode: str) -> ModeReport:
         post = self.mode_posterior(mode)
