@@ -317,7 +317,7 @@ class BisectReport:
     # GPU-seconds), before anything its probes find asks for more. None with a scan.
     scan_quote: tuple[int, int, float] | None = None
     # The scan made before reporting no change (`SearchOptions.quiet_scan`), None when off.
-    quiet_scan: int | None = 3
+    quiet_scan: int | None = None
 
     @property
     def undecided(self) -> tuple[ModeReport, ...]:
