@@ -494,6 +494,9 @@ def report(results: list[dict], args: argparse.Namespace, elapsed: float, compar
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--histories", type=int, default=500, help="histories per family")
+    ap.add_argument("--first", type=int, default=0,
+                    help="the first history's number: a long run split in parts (their --json files concatenated "
+                         "and read back with --from-json) draws the same histories as one run")
     ap.add_argument("--ks", default="1,4,8", help="probes per round, comma-separated")
     ap.add_argument("--families", default=None, help="comma-separated subset of: " + ", ".join(FAMILIES).replace("%", "%%"))
     ap.add_argument("--step-line", type=int, default=200, help="histories for the 0.01->0.1 N=200 K=4 line")
@@ -524,7 +527,7 @@ def main() -> None:
     if args.old:
         families = [f for f in families if f in SINGLE_MODE]
     tasks = [(fam, i, k, args.seed, args.confidence, args.max_samples)
-             for fam in families for i in range(args.histories) for k in args.ks]
+             for fam in families for i in range(args.first, args.first + args.histories) for k in args.ks]
     if args.step_line and 4 in args.ks:
         tasks += [(STEP_LINE, i, 4, args.seed, args.confidence, args.max_samples) for i in range(args.step_line)]
     # Interleave families so progress and any slow family show early.
