@@ -346,7 +346,8 @@ def report(results: list[dict], args: argparse.Namespace, elapsed: float, compar
     what = f"old search at {args.old}" if args.old else f"sweeper.bisect.Search from {args.src or 'the install'}"
     ran = (f"{len(results)} searches read from {args.from_json}" if args.from_json
            else f"{len(results)} searches in {elapsed:.0f} s on {args.workers} processes")
-    print(f"{what}: {args.histories} histories per family, K in {args.ks}, confidence {args.confidence}, "
+    histories = f"histories {args.first}-{args.first + args.histories - 1}" if args.first else f"{args.histories} histories"
+    print(f"{what}: {histories} per family, K in {args.ks}, confidence {args.confidence}, "
           f"max_samples {args.max_samples}, seed {args.seed}; {ran}\n")
     if errors:
         print(f"**{len(errors)} searches failed**; first: family {errors[0]['family']} #{errors[0]['i']} "

@@ -174,8 +174,8 @@ class SearchOptions:
     # The scan a search makes, unless `bump_width` asks for one, before it reports that nothing
     # changed (no mode with a change in view, or none that fails): a range whose ends agree is where
     # a regression fixed again hides, and "no change" is only honest once no run of this many
-    # commits is left unprobed. Short bumps of width >= 3: both changes found in 84 % of 200
-    # histories where 16 % were; a search that located a change is the same search (BENCHMARKS.md).
+    # commits is left unprobed. Short bumps of width >= 3: both changes found in 83 % of 500
+    # histories where 20 % were; a search that located a change is the same search (BENCHMARKS.md).
     # None: no such scan.
     quiet_scan: int | None = 3
     # Where a mode's search would end with a change in view, a stretch whose gaps each hold under
