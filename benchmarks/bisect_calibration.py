@@ -109,7 +109,11 @@ def _run_new(h: History, k: int, rng: np.random.Generator, confidence: float,
     modes = [{"mode": m.mode, "no_change": float(m.no_change)} for m in rep.modes]
     drifts = [{"mode": m.mode, "first": d.first, "last": d.last}
               for m in rep.modes for d in getattr(m, "drifts", ())]
-    return {"changes": changes, "drifts": drifts,
+    # The commits that got a server start: what tells a change missed between two probes (`_miss_causes`).
+    probed = sorted({index[o.commit] for o in s.observations if o.skip_reason is None and o.samples})
+    # What a scan at width 3 would add to these probes, before anything it finds asks for more.
+    quote = getattr(rep, "scan_quote", None)
+    return {"changes": changes, "drifts": drifts, "probed": probed, "scan_quote_s": float(quote[2]) if quote else 0.0,
             "to_decide_s": float(getattr(rep, "to_decide_s", 0.0) or 0.0), "rounds": rep.rounds, "probes": rep.probes, "samples": rep.samples,
             "verdict": _value(rep.bad_endpoint), "done": bool(rep.done), "modes": modes, "over_k": too_many}
 
@@ -299,6 +303,54 @@ def _bar(by: dict, families: list[str], ks: tuple[int, ...]) -> None:
                 print(f"\n{fam}, K={k}: rise and its fix both found in {np.mean(both):.1%} ({sum(both)}/{len(rows)})")
 
 
+def _miss_cause(t: list, r: dict) -> str:
+    """Why a true change was missed: 'no probe inside' where a rate it bounds lies between two other
+    true changes of its mode (a bump, a dip, the middle of three changes) and no commit of that rate
+    got a start, so no split could have seen it; 'mode never seen' where its mode never failed in any
+    probe; 'probed, not located' otherwise."""
+    mode, j, _ = t
+    if mode not in {m["mode"] for m in r.get("modes", [])}:
+        return "mode never seen"
+    at = sorted(x for m, x, _ in r["truth"] if m == mode)
+    k = at.index(j)
+    probed = set(r["probed"])
+    # The rates on either side of the change: [at[k-1], j) and [j, at[k+1]); an outer one holds an end.
+    inner = [(at[k - 1], j)] if k > 0 else []
+    inner += [(j, at[k + 1])] if k + 1 < len(at) else []
+    if any(not any(lo <= x < hi for x in probed) for lo, hi in inner):
+        return "no probe inside"
+    return "probed, not located"
+
+
+def _miss_causes(by: dict, families: list[str], ks: tuple[int, ...]) -> None:
+    """The missed changes of the families with several changes in a mode, by `_miss_cause`."""
+    picked = [f for f in families if f in ("three changes", "rise and fix", "rise and partial fix", "short bump",
+                                            "one-commit blip")]
+    rows_all = [r for f in picked for k in ks for r in by.get((f, k), []) if "probed" in r]
+    if not rows_all:
+        return
+    print("\n### Missed changes by cause (families with several changes in a mode)\n")
+    print("\"No probe inside\": a rate the change bounds lies between two other changes of its mode and no "
+          "commit of it got a start. Only a probe there (a scan) can find such a change.\n")
+    print("The last column prices what finds them: the scan at width 3 (`--bumps 3`) the report quotes, "
+          "its starts alone, before anything they find asks for more; mean GPU-hours per history.\n")
+    print("| family | K | changes | missed | no probe inside | mode never seen | probed, not located "
+          "| mean GPU-h per history: the search, + the scan |")
+    print("|---|---|---|---|---|---|---|---|")
+    for fam in picked:
+        for k in ks:
+            rows = [r for r in by.get((fam, k), []) if "probed" in r]
+            causes = [_miss_cause(t, r) for r in rows for t in r["truth"] if not _covered(t, r["changes"])]
+            total = sum(len(r["truth"]) for r in rows)
+            if rows:
+                cells = " | ".join(str(causes.count(c)) for c in ("no probe inside", "mode never seen",
+                                                                  "probed, not located"))
+                search_h = float(np.mean([gpu_s(r) for r in rows])) / 3600
+                scan_h = float(np.mean([r.get("scan_quote_s", 0.0) for r in rows])) / 3600
+                print(f"| {fam} | {k} | {total} | {len(causes)} | {cells} | {search_h:.2f} + {scan_h:.2f} "
+                      f"({(search_h + scan_h) / search_h:.2f}x) |")
+
+
 def _per_found(r: dict) -> float | None:
     """GPU-seconds of a search per true change it found at ≥ 0.99 (None: it found none)."""
     found = sum(_covered(t, r["changes"]) for t in r["truth"])
@@ -432,6 +484,7 @@ def report(results: list[dict], args: argparse.Namespace, elapsed: float, compar
             print(f"| {name} | {_cov_str(*bins[name])} |")
 
     _bar(by, families, args.ks)
+    _miss_causes(by, families, args.ks)
 
     step = by.get((STEP_LINE, 4), [])
     if step:
