@@ -52,12 +52,14 @@ ROUND_GUARD = 10_000  # a search still asking after this many rounds is counted 
 START_S, REQUEST_S = 240.0, 2.0
 _OLD: str | None = None
 _OPTIONS: dict = {}  # SearchOptions fields other than their defaults (--search)
+_DEADLINE: float | None = None  # seconds a search may compute before it is recorded as unfinished (--deadline)
 
 
-def _init(old: str | None, src: str | None, options: dict | None = None) -> None:
-    global _OLD, _OPTIONS
+def _init(old: str | None, src: str | None, options: dict | None = None, deadline: float | None = None) -> None:
+    global _OLD, _OPTIONS, _DEADLINE
     _OLD = old
     _OPTIONS = dict(options or {})
+    _DEADLINE = deadline
     path = old or src
     if path:
         sys.path.insert(0, path)
@@ -87,6 +89,7 @@ def _run_new(h: History, k: int, rng: np.random.Generator, confidence: float,
     s = Search(h.commits, SearchOptions(confidence=confidence, max_samples=max_samples, **_OPTIONS))
     index = {c: i for i, c in enumerate(h.commits)}
     loops, too_many = 0, 0
+    t0 = time.perf_counter()
     while not s.done:
         reqs = s.ask(k)
         if not reqs:
@@ -94,6 +97,9 @@ def _run_new(h: History, k: int, rng: np.random.Generator, confidence: float,
         loops += 1
         if loops > ROUND_GUARD:
             return {"error": "stuck"}
+        if _DEADLINE is not None and time.perf_counter() - t0 > _DEADLINE:
+            # Counted apart: a part of a long run ends when its slowest search does.
+            return {"error": f"unfinished: still searching after {_DEADLINE:.0f} s ({s.rounds} rounds)"}
         too_many += len(reqs) > k
         for r in reqs:
             i = index[r.commit]
@@ -401,6 +407,13 @@ def report(results: list[dict], args: argparse.Namespace, elapsed: float, compar
     histories = f"histories {args.first}-{args.first + args.histories - 1}" if args.first else f"{args.histories} histories"
     print(f"{what}: {histories} per family, K in {args.ks}, confidence {args.confidence}, "
           f"max_samples {args.max_samples}, seed {args.seed}; {ran}\n")
+    unfinished = [r for r in errors if r["error"].startswith("unfinished")]
+    errors = [r for r in errors if r not in unfinished]
+    if unfinished:
+        # Left out of every figure below: each is named so that a reader can count it as missed.
+        print(f"**{len(unfinished)} searches unfinished at the deadline** (left out below): " + ", ".join(
+            f"{r['family']} #{r['i']} (K={r['k']}, N={r['n']}, {r['error'].split('(')[-1].rstrip(')')})"
+            for r in unfinished) + "\n")
     if errors:
         print(f"**{len(errors)} searches failed**; first: family {errors[0]['family']} #{errors[0]['i']} "
               f"K={errors[0]['k']}:\n```\n{errors[0]['error']}\n```\n")
@@ -565,6 +578,8 @@ def main() -> None:
     ap.add_argument("--compare", default=None, help="a --json file of an earlier run to set the cost next to")
     ap.add_argument("--from-json", default=None, metavar="JSON",
                     help="report a --json file of an earlier run (with its arguments) instead of searching again")
+    ap.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
+                    help="record a search still computing after this long as unfinished (listed with the failed ones)")
     ap.add_argument("--examples", type=int, default=3, help="wrong/missed histories shown per family")
     ap.add_argument("--search", action="append", default=[], metavar="KEY=VALUE",
                     help="a field of sweeper.bisect.SearchOptions other than its default (repeatable), e.g. "
@@ -596,7 +611,7 @@ def main() -> None:
         return
     start = time.perf_counter()
     results = []
-    with mp.Pool(args.workers, initializer=_init, initargs=(args.old, args.src, options)) as pool:
+    with mp.Pool(args.workers, initializer=_init, initargs=(args.old, args.src, options, args.deadline)) as pool:
         for n, r in enumerate(pool.imap_unordered(run_one, tasks, chunksize=4), 1):
             results.append(r)
             if n % max(1, len(tasks) // 20) == 0:
