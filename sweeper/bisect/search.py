@@ -184,9 +184,9 @@ class SearchOptions:
     # commits at their cap of starts: one more start at the least-started commit of the two segments
     # around it. What is left there is often a dispersion at which one segment, its rate varying
     # wildly between starts, explains both sides, and clean starts anywhere in the clean segment speak
-    # against it: an ICC 0.35 step from 0 to 1.9 % ended at 0.982 with 96 starts a side, and at 0.9907
-    # with about 30 more (BENCHMARKS.md, "The unmet bars by cause"). Off until the benchmark families
-    # are rerun with it.
+    # against it: an ICC 0.35 step from 0 to 1.9 % ended at 0.982 with 96 starts a side (439 in all),
+    # and at 0.9907 with 20 more (BENCHMARKS.md, "The unmet bars by cause"). Off until the benchmark
+    # families are rerun with it.
     capped_segment_starts: bool = False
     # Where a mode's search would end with a change in view, a stretch whose gaps each hold under
     # `explore` of another change, but together at least this much, with failures at both its ends:
@@ -669,9 +669,9 @@ class Search:
                 # At least 2x: a smaller step adds starts instead; planned for 1.3x, the ramp of a drift
                 # cost 40 % more GPU time, its neighbouring commits a few percent apart.
                 r_lo, r_hi = sorted((self._point_rate(mode, lo), self._point_rate(mode, hi)))
-                cap = max(self._start_cap(), self.options.max_starts_in_doubt)
                 self._resample(needs, lo, hi, 2 * min(float(p), 1 - float(p)),
-                               self._batch(r_lo, max(r_hi, 2 * r_lo), post.rho), cap=cap,
+                               self._batch(r_lo, max(r_hi, 2 * r_lo), post.rho),
+                               cap=max(self._start_cap(), self.options.max_starts_in_doubt),
                                segments=post if varies else None)
             elif p >= self.confidence and not self._two_starts_each(lo, hi, post.rho):
                 self._resample(needs, lo, hi, 0.5, n, by_starts=True)
