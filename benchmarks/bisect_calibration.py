@@ -99,7 +99,7 @@ def _run_new(h: History, k: int, rng: np.random.Generator, confidence: float,
             return {"error": "stuck"}
         if _DEADLINE is not None and time.perf_counter() - t0 > _DEADLINE:
             # Counted apart: a part of a long run ends when its slowest search does.
-            return {"error": f"unfinished: still searching after {_DEADLINE:.0f} s ({s.rounds} rounds)"}
+            return {"error": f"unfinished: still searching after {_DEADLINE:.0f} s", "unfinished_rounds": s.rounds}
         too_many += len(reqs) > k
         for r in reqs:
             i = index[r.commit]
@@ -332,9 +332,8 @@ def _miss_causes(by: dict, families: list[str], ks: tuple[int, ...]) -> None:
     """The missed changes of the families with several changes in a mode, by `_miss_cause`."""
     picked = [f for f in families if f in ("three changes", "rise and fix", "rise and partial fix", "short bump",
                                             "one-commit blip")]
-    rows_all = [r for f in picked for k in ks for r in by.get((f, k), []) if "probed" in r]
-    if not rows_all:
-        return
+    if not any("probed" in r for f in picked for k in ks for r in by.get((f, k), [])):
+        return  # runs recorded before the probed commits were
     print("\n### Missed changes by cause (families with several changes in a mode)\n")
     print("\"No probe inside\": a rate the change bounds lies between two other changes of its mode and no "
           "commit of it got a start. Only a probe there (a scan) can find such a change.\n")
@@ -407,12 +406,12 @@ def report(results: list[dict], args: argparse.Namespace, elapsed: float, compar
     histories = f"histories {args.first}-{args.first + args.histories - 1}" if args.first else f"{args.histories} histories"
     print(f"{what}: {histories} per family, K in {args.ks}, confidence {args.confidence}, "
           f"max_samples {args.max_samples}, seed {args.seed}; {ran}\n")
-    unfinished = [r for r in errors if r["error"].startswith("unfinished")]
-    errors = [r for r in errors if r not in unfinished]
+    unfinished = [r for r in errors if "unfinished_rounds" in r]
+    errors = [r for r in errors if "unfinished_rounds" not in r]
     if unfinished:
         # Left out of every figure below: each is named so that a reader can count it as missed.
         print(f"**{len(unfinished)} searches unfinished at the deadline** (left out below): " + ", ".join(
-            f"{r['family']} #{r['i']} (K={r['k']}, N={r['n']}, {r['error'].split('(')[-1].rstrip(')')})"
+            f"{r['family']} #{r['i']} (K={r['k']}, N={r['n']}, {r['unfinished_rounds']} rounds)"
             for r in unfinished) + "\n")
     if errors:
         print(f"**{len(errors)} searches failed**; first: family {errors[0]['family']} #{errors[0]['i']} "
