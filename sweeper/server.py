@@ -83,7 +83,7 @@ class ServerProcess:
         self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
         self.startup_s: float | None = None
-        self.starts = 0  # processes started (a start that never became healthy counts too)
+        self.starts = 0  # starts made (one that never became healthy counts; one moved to a free port not)
 
     @property
     def base_url(self) -> str:
@@ -97,6 +97,10 @@ class ServerProcess:
                 return self
             except PortTakenError as exc:
                 self.stop()
+                # Not a start of this server: another one answered on the port this side chose, so it
+                # was stopped before it could serve (vLLM binds before it loads the model). Counted,
+                # it made a sweep's starts exceed the servers it ran, and differ from a bisect's.
+                self.starts -= 1
                 if attempt == PORT_ATTEMPTS or not self._move_port():
                     raise
                 with open(self.log_path, "a", encoding="utf-8") as log:

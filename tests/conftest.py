@@ -164,6 +164,13 @@ def git(repo: Path, *args: str) -> str:
                           env={**os.environ, **GIT_ENV}).stdout.strip()
 
 
+def starts_in_logs(root: Path) -> int:
+    """Servers that bound their port, as the logs under `root` tell it: one "Starting vLLM API server"
+    per server. A process stopped because another server took the port chosen for it never binds
+    (the runner moves it to a fresh port and does not count it), though it may print its banner."""
+    return sum(p.read_text().count("Starting vLLM API server") for p in root.glob("**/logs/*.log"))
+
+
 def make_sim_repo(repo: Path, commits: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, str]:
     """A simulated vLLM history: one commit per (tag, sim.yaml content); returns tag -> sha."""
     repo.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import SUITE as TINY_SUITE
-from conftest import make_sim_repo
+from conftest import make_sim_repo, starts_in_logs
 
 from sweeper import analysis
 from sweeper.bisect.driver import BisectOptions, BisectScope, run_bisect
@@ -80,11 +80,6 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, s
     (root / "small.yaml").write_text(SUITE)
     (root / "m.yaml").write_text(MATRIX.format(repo=root / "vllm"))
     return root, shas
-
-
-def starts_in_logs(run_root: Path) -> int:
-    """Server starts as the servers logged them: one API-server banner per start."""
-    return sum(p.read_text().count("vLLM API server version") for p in (run_root / "logs").glob("*.log"))
 
 
 @pytest.mark.timeout(900)

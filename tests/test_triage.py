@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 import pytest
 import yaml
-from conftest import make_sim_repo, run_cli
+from conftest import make_sim_repo, run_cli, starts_in_logs
 
 from sweeper import analysis
 from sweeper.bisect.driver import BisectOptions, BisectScope, Subject, bisect_cells
@@ -123,11 +123,6 @@ def planted_triage(planted: tuple[Path, dict[str, str]], tmp_path_factory: pytes
 
 def record_of(run: RunDir) -> TriageRecord:
     return from_json(json.loads((run.root / "triage.json").read_text()), "triage.json")
-
-
-def starts_in_logs(run_root: Path) -> int:
-    """Server starts as the servers logged them: one API-server banner per start."""
-    return sum(p.read_text().count("vLLM API server version") for p in run_root.glob("**/logs/*.log"))
 
 
 def blocks(markdown: str, lang: str) -> list[str]:

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import make_sim_repo, run_cli
+from conftest import make_sim_repo, run_cli, starts_in_logs
 
 from sweeper import analysis, report
 from sweeper.design import choose
@@ -45,11 +45,6 @@ axes:
     return path
 
 
-def starts_in_logs(run: RunDir) -> int:
-    """Server starts as the server logs tell them: one start-up banner per start."""
-    return sum(p.read_text().count("Starting vLLM API server") for p in (run.root / "logs").glob("*.log"))
-
-
 def test_a_covering_run_zooms_until_the_planted_conjunction_is_identified(tmp_path: Path, tiny_suite: Path) -> None:
     repo = tmp_path / "vllm"
     make_sim_repo(repo, [("main", BUG)])
@@ -68,7 +63,7 @@ def test_a_covering_run_zooms_until_the_planted_conjunction_is_identified(tmp_pa
     # Each phase ran its own servers, all of them in this one folder, and no server twice.
     ran = [g for p in phases for g in p.groups]
     assert len(ran) == len(set(ran)) and sorted(ran) == sorted(outcome.run.done_groups())
-    assert starts_in_logs(outcome.run) == len(ran) < len(matrix.groups())
+    assert starts_in_logs(outcome.run.root) == len(ran) < len(matrix.groups())
     assert manifest.zoom is not None and manifest.zoom.startswith("stopped: every failure mode settled")
     assert outcome.zoom is not None and [m.status for m in outcome.zoom.modes] == [Status.IDENTIFIED]
     # The explanation reads every phase.
@@ -106,7 +101,7 @@ def test_no_zoom_stops_after_the_design(flag: str, tmp_path: Path, tiny_suite: P
     manifest = run.read_manifest()
     assert isinstance(manifest, SweepManifest) and len(manifest.phases) == 1 and manifest.zoom is None
     assert sorted(run.done_groups()) == sorted(g.group_id for g in design.groups) == sorted(manifest.phases[0].groups)
-    assert starts_in_logs(run) == len(design.groups)
+    assert starts_in_logs(run.root) == len(design.groups)
     assert set(analysis.load_cells(run).cell_id) == {c.cell_id for c in design.cells}
     assert "zoom stopped" not in out
 
@@ -140,7 +135,7 @@ def test_servers_run_elsewhere_are_evidence_the_zoom_reads(tmp_path: Path, tiny_
         out = run_matrix(path, runs_dir=runs, run_id=name, executor=executor("local"), cache_dir=tmp_path / "cache",
                          design_spec=DesignSpec(kind="covering", strength=1), cut=cut,
                          zoom_options=ZoomOptions(evidence=given))
-        assert starts_in_logs(out.run) <= 8  # never a server out of the cut
+        assert starts_in_logs(out.run.root) <= 8  # never a server out of the cut
         summaries[name] = out.zoom_summary or ""
     assert "identified (attention_backend=TRITON_ATTN)" in summaries["with"], summaries
     assert "no informative servers left" in summaries["without"], summaries
