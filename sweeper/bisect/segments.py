@@ -216,20 +216,24 @@ def posterior(starts: Sequence[Start], n_positions: int, prior: Prior) -> ModePo
     at = [where[s.index] for s in starts]
     prior = prior.refined(np.bincount(at, [s.failures for s in starts], n_pts),
                           np.bincount(at, [s.samples for s in starts], n_pts))
-    ll = start_loglik([s.failures for s in starts], [s.samples for s in starts], prior)
-    per_point = np.zeros((n_pts, prior.rates.size, prior.rhos.size))
-    np.add.at(per_point, at, ll)
+    # Starts repeat their counts (a fixed number of samples, few failures): each distinct (k, n) is
+    # evaluated once, and a point's log-likelihood is its starts' sum, an (points x counts) product.
+    counts, which = np.unique(np.array([[s.failures, s.samples] for s in starts], dtype=np.float64),
+                              axis=0, return_inverse=True)
+    ll = start_loglik(counts[:, 0], counts[:, 1], prior)
+    tally = np.bincount(np.asarray(at) * counts.shape[0] + which.ravel(),
+                        minlength=n_pts * counts.shape[0]).reshape(n_pts, -1).astype(np.float64)
+    per_point = (tally @ ll.reshape(counts.shape[0], -1)).reshape(n_pts, prior.rates.size, prior.rhos.size)
     cum = np.concatenate([np.zeros((1, *per_point.shape[1:])), np.cumsum(per_point, axis=0)])
     # seg[a, b, rho] = log ∫ prior(r) Π_{points a..b} lik(r) dr, for a <= b. Split into "rate exactly
     # 0" and "rate > 0": a change must change the rate, and two neighbouring segments that both never
-    # fail are one segment, not a change. The positive rates are summed a block at a time: the whole
-    # (points, points, rates, rhos) array is hundreds of MB on a fine grid.
+    # fail are one segment, not a change. The positive rates are summed one first point a at a time,
+    # over b >= a only: the whole (points, points, rates, rhos) array is hundreds of MB on a fine grid.
     zero = cum[None, 1:, 0, :] - cum[:-1, None, 0, :] + prior.log_w[0]
     positive = np.full((n_pts, n_pts, prior.rhos.size), -np.inf)
-    for g in range(1, prior.rates.size, 32):
-        block = (cum[None, 1:, g:g + 32, :] - cum[:-1, None, g:g + 32, :]
-                 + prior.log_w[None, None, g:g + 32, None])
-        positive = np.logaddexp(positive, logsumexp(block, axis=2))
+    log_w_pos = prior.log_w[None, 1:, None]
+    for a in range(n_pts):
+        positive[a, a:] = logsumexp(cum[a + 1:, 1:, :] - cum[a, None, 1:, :] + log_w_pos, axis=1)
     seg = np.stack([zero, positive], axis=2)
     valid = np.triu(np.ones((n_pts, n_pts), dtype=bool))
     seg = np.where(valid[:, :, None, None], seg, -np.inf)  # (a, b, zero|positive, rho)
@@ -303,7 +307,8 @@ def _one_cut_same_rate(cum: FloatArray, prior: Prior) -> FloatArray:
     near = (np.abs(x[:, None] - x[None, :]) <= math.log(max(1.0, prior.same_within)) + 1e-9).astype(np.float64)
     top_h, top_t = head.max(axis=1, keepdims=True), tail.max(axis=1, keepdims=True)
     with np.errstate(divide="ignore"):
-        paired = np.einsum("agr,gh->ahr", np.exp(head - top_h), near)
+        # (gaps, rhos, rates) @ (rates, rates): a matrix product, not einsum's unblocked loop.
+        paired = np.matmul(np.exp(head - top_h).transpose(0, 2, 1), near).transpose(0, 2, 1)
         out: FloatArray = np.log(np.sum(paired * np.exp(tail - top_t), axis=1)) + top_h[:, 0] + top_t[:, 0]
     return out
 
