@@ -96,13 +96,21 @@ def ramp_fit(points: Sequence[PointCounts], starts: Sequence[int] | None = None,
     hi = min(0.999, 2.0 * float(np.max(pooled)) + 1e-3)
     grid = np.geomspace(lo, max(hi, 1.01 * lo), _GRID)
     ra, rb = grid[:, None, None], grid[None, :, None]
+    # The points up to A sit at A's rate and those from B on at B's: their part of the likelihood is
+    # their pooled counts' at each end rate (prefix sums), and only the points inside the ramp are
+    # summed one by one.
+    k_cum, n_cum = np.concatenate([[0.0], np.cumsum(k)]), np.concatenate([[0.0], np.cumsum(n)])
+    log_r, log_1r = np.log(grid), np.log1p(-grid)
     best = (-np.inf, int(x[0]), int(x[-1]), float(grid[0]), float(grid[0]))
     for i in (range(len(x)) if starts is None else starts):
         for j in (range(len(x)) if ends is None else ends):
             if j <= i:
                 continue
-            t = np.clip((x - x[i]) / (x[j] - x[i]), 0.0, 1.0)[None, None, :]
-            ll = _ll(k, n, ra + (rb - ra) * t)
+            k_a, n_a = k_cum[i + 1], n_cum[i + 1]
+            k_b, n_b = k_cum[-1] - k_cum[j], n_cum[-1] - n_cum[j]
+            t = ((x[i + 1:j] - x[i]) / (x[j] - x[i]))[None, None, :]
+            ll = (_ll(k[i + 1:j], n[i + 1:j], ra + (rb - ra) * t)
+                  + (k_a * log_r + (n_a - k_a) * log_1r)[:, None] + (k_b * log_r + (n_b - k_b) * log_1r)[None, :])
             at = np.unravel_index(int(np.argmax(ll)), ll.shape)
             if float(ll[at]) > best[0]:
                 best = (float(ll[at]), int(x[i]), int(x[j]), float(grid[at[0]]), float(grid[at[1]]))
