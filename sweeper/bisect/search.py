@@ -94,6 +94,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from itertools import accumulate, pairwise
 
+import numpy as np
 from scipy.stats import binom
 
 from sweeper.bisect.drift import Drift, PointCounts, find_drifts
@@ -774,7 +775,8 @@ class Search:
         k_sum = [0, *accumulate(counts[x] for x in pts)]
         n_sum = [0, *accumulate(self._samples_at(x) for x in pts)]
         s_sum = [0, *accumulate(self._starts(x) for x in pts)]
-        odd: list[tuple[float, tuple[int, ...], float, float]] = []
+        stretches: list[tuple[tuple[int, ...], float, float]] = []
+        shrunk: list[tuple[int, int]] = []
         for seg in post.segments:
             first, last = pts.index(seg.first), pts.index(seg.last) + 1  # the segment's points: [first, last)
             k_all, n_all = k_sum[last] - k_sum[first], n_sum[last] - n_sum[first]
@@ -783,12 +785,16 @@ class Search:
                     if any(b in in_drift for b in range(a - 1, a + m)):
                         continue  # a drift's probes are off its segments' rates by nature
                     k, n = k_sum[a + m] - k_sum[a], n_sum[a + m] - n_sum[a]
-                    rest = (k_all - k + 0.5) / (n_all - n + 1.0)
                     deff = 1 + max(0.0, n / (s_sum[a + m] - s_sum[a]) - 1) * post.rho
-                    ke, ne = round(k / deff), max(1, round(n / deff))
-                    tail = min(float(binom.sf(ke - 1, ne, rest)), float(binom.cdf(ke, ne, rest)))
-                    if tail < level:
-                        odd.append((tail, pts[a:a + m], rest, (k + 0.5) / (n + 1.0)))
+                    stretches.append((pts[a:a + m], (k_all - k + 0.5) / (n_all - n + 1.0), (k + 0.5) / (n + 1.0)))
+                    shrunk.append((round(k / deff), max(1, round(n / deff))))
+        if not stretches:
+            return
+        # Both tails of every stretch in one call: a call a stretch was most of a varying-rate search.
+        ke, ne = np.array(shrunk).T
+        rest_all = np.array([rest for _, rest, _ in stretches])
+        tails = np.minimum(binom.sf(ke - 1, ne, rest_all), binom.cdf(ke, ne, rest_all))
+        odd = [(float(tail), *stretch) for tail, stretch in zip(tails, stretches, strict=True) if tail < level]
         for _, stretch, rest, rate in sorted(odd):
             if self._deepen(needs, stretch, (rest, rate), post.rho, self.explore):
                 return
