@@ -16,7 +16,8 @@ commit among the change's candidates. Printed as markdown:
 - coverage: the fraction of true changes reported right at confidence >= 0.99, by family,
   by change role and by effect size (the smaller ratio of the rates on either side);
 - cost: mean probes (server starts), rounds and samples, and with `--compare` the same
-  figures of an earlier run (e.g. the single-mode search, `--old`);
+  figures of an earlier run (e.g. the single-mode search, `--old`) and the searches' computing time
+  against it;
 - the rounds of a single step 0.01 -> 0.1 over N = 200 at K = 4;
 - a few wrong or missed histories per family, with what was reported.
 
@@ -393,6 +394,24 @@ def _paired_cost(by: dict, cby: dict, families: list[str], ks: tuple[int, ...]) 
                   f"{len(pairs) - len(found)} | {means} |")
 
 
+def _paired_computing(by: dict, cby: dict, families: list[str], ks: tuple[int, ...]) -> None:
+    """The search's own computing time (seconds of one process per search), now against the earlier
+    run, on the histories both searched: a ratio only where the two ran on one machine under one load
+    (side by side, or one after the other on an idle machine)."""
+    print("\n### Computing time of the searches, paired histories (one process's seconds per search)\n")
+    print("| family | K | histories | earlier total s | now total s | earlier / now | median of per-search ratios |")
+    print("|---|---|---|---|---|---|---|")
+    for fam in families:
+        for k in ks:
+            now = {r["i"]: r for r in by.get((fam, k), [])}
+            both = [(o["secs"], now[o["i"]]["secs"]) for o in cby.get((fam, k), []) if o["i"] in now]
+            if not both:
+                continue
+            before, after = sum(b for b, _ in both), sum(a for _, a in both)
+            ratio = float(np.median([b / a for b, a in both if a > 0]))
+            print(f"| {fam} | {k} | {len(both)} | {before:,.0f} | {after:,.0f} | {before / after:.2f}x | {ratio:.2f}x |")
+
+
 def report(results: list[dict], args: argparse.Namespace, elapsed: float, compare: list[dict] | None) -> None:
     ok = [r for r in results if "error" not in r]
     errors = [r for r in results if "error" in r]
@@ -530,6 +549,7 @@ def report(results: list[dict], args: argparse.Namespace, elapsed: float, compar
                       f"{_cov_str(*_coverage(rows))} | {o[0]:.1f} / {o[1]:.1f} / {o[2]:,.0f} | "
                       f"{n_[0]:.1f} / {n_[1]:.1f} / {n_[2]:,.0f} |")
         _paired_cost(by, cby, [*families, STEP_LINE], args.ks)
+        _paired_computing(by, cby, [*families, STEP_LINE], args.ks)
 
     if args.old:
         print("\n### Verdicts of the old search (all K)\n")
