@@ -422,7 +422,8 @@ def report(results: list[dict], args: argparse.Namespace, elapsed: float, compar
     what = f"old search at {args.old}" if args.old else f"sweeper.bisect.Search from {args.src or 'the install'}"
     ran = (f"{len(results)} searches read from {args.from_json}" if args.from_json
            else f"{len(results)} searches in {elapsed:.0f} s on {args.workers} processes")
-    histories = f"histories {args.first}-{args.first + args.histories - 1}" if args.first else f"{args.histories} histories"
+    histories = (f"histories {args.only}" if args.only else f"histories {args.first}-{args.first + args.histories - 1}"
+                 if args.first else f"{args.histories} histories")
     print(f"{what}: {histories} per family, K in {args.ks}, confidence {args.confidence}, "
           f"max_samples {args.max_samples}, seed {args.seed}; {ran}\n")
     unfinished = [r for r in errors if "unfinished_rounds" in r]
@@ -583,6 +584,9 @@ def main() -> None:
     ap.add_argument("--first", type=int, default=0,
                     help="the first history's number: a long run split in parts (their --json files concatenated "
                          "and read back with --from-json) draws the same histories as one run")
+    ap.add_argument("--only", default=None, metavar="I,J,...",
+                    help="these history numbers only (instead of --first/--histories): e.g. the searches an "
+                         "option can change, the others being the same draws and the same search")
     ap.add_argument("--ks", default="1,4,8", help="probes per round, comma-separated")
     ap.add_argument("--families", default=None, help="comma-separated subset of: " + ", ".join(FAMILIES).replace("%", "%%"))
     ap.add_argument("--step-line", type=int, default=200, help="histories for the 0.01->0.1 N=200 K=4 line")
@@ -614,8 +618,10 @@ def main() -> None:
         ap.error(f"unknown families {unknown}; known: {', '.join(FAMILIES)}")
     if args.old:
         families = [f for f in families if f in SINGLE_MODE]
+    numbers = ([int(x) for x in args.only.split(",")] if args.only
+               else list(range(args.first, args.first + args.histories)))
     tasks = [(fam, i, k, args.seed, args.confidence, args.max_samples)
-             for fam in families for i in range(args.first, args.first + args.histories) for k in args.ks]
+             for fam in families for i in numbers for k in args.ks]
     if args.step_line and 4 in args.ks:
         tasks += [(STEP_LINE, i, 4, args.seed, args.confidence, args.max_samples) for i in range(args.step_line)]
     # Interleave families so progress and any slow family show early.
