@@ -186,8 +186,9 @@ class SearchOptions:
     # around it. What is left there is often a dispersion at which one segment, its rate varying
     # wildly between starts, explains both sides, and clean starts anywhere in the clean segment speak
     # against it: an ICC 0.35 step from 0 to 1.9 % ended at 0.982 with 96 starts a side (439 in all),
-    # and at 0.9907 with 20 more (BENCHMARKS.md, "The unmet bars by cause"). Off until the benchmark
-    # families are rerun with it.
+    # and at 0.9907 with 20 more (BENCHMARKS.md, "The unmet bars by cause"). Off: at ICC 0.2-0.4 it
+    # finds 82 of 100 steps where the default finds 79, but three searches it changed still missed
+    # theirs after 2,200-2,500 starts (430-716 without it); its starts need a bound first.
     capped_segment_starts: bool = False
     # Where a mode's search would end with a change in view, a stretch whose gaps each hold under
     # `explore` of another change, but together at least this much, with failures at both its ends:
