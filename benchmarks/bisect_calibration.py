@@ -363,6 +363,12 @@ def _per_found(r: dict) -> float | None:
     return gpu_s(r) / found if found else None
 
 
+def _pairs(by: dict, cby: dict, fam: str, k: int) -> list[tuple[dict, dict]]:
+    """(earlier, now) records of the histories of (fam, k) that both runs searched."""
+    now = {r["i"]: r for r in by.get((fam, k), [])}
+    return [(o, now[o["i"]]) for o in cby.get((fam, k), []) if o["i"] in now]
+
+
 def _paired_cost(by: dict, cby: dict, families: list[str], ks: tuple[int, ...]) -> None:
     """GPU-seconds per change found, now against the earlier run, on the histories where the earlier
     run found a change (the issue's bar: the median now at most 1.5x the earlier one there)."""
@@ -374,8 +380,7 @@ def _paired_cost(by: dict, cby: dict, families: list[str], ks: tuple[int, ...]) 
     print("|---|---|---|---|---|---|---|---|---|")
     for fam in families:
         for k in ks:
-            now = {r["i"]: r for r in by.get((fam, k), [])}
-            both = [(o, now[o["i"]]) for o in cby.get((fam, k), []) if o["i"] in now]
+            both = _pairs(by, cby, fam, k)
             pairs = [(_per_found(o), _per_found(n)) for o, n in both if _per_found(o) is not None]
             if not both:
                 continue
@@ -403,8 +408,7 @@ def _paired_computing(by: dict, cby: dict, families: list[str], ks: tuple[int, .
     print("|---|---|---|---|---|---|---|")
     for fam in families:
         for k in ks:
-            now = {r["i"]: r for r in by.get((fam, k), [])}
-            both = [(o["secs"], now[o["i"]]["secs"]) for o in cby.get((fam, k), []) if o["i"] in now]
+            both = [(o["secs"], n["secs"]) for o, n in _pairs(by, cby, fam, k)]
             if not both:
                 continue
             before, after = sum(b for b, _ in both), sum(a for _, a in both)
