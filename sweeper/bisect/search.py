@@ -48,7 +48,8 @@ How a round is chosen. Every mode names the commits it wants, each with a value:
   commits' own counts show (at least 2x; not the mode's largest), up to `max_starts_in_doubt`
   starts a side, while those counts leave a `min_contrast` step between the two commits credible
   (with `capped_segment_starts`, where starts vary and both are at their cap: at the least-started
-  commit of the two segments around the gap, off by default);
+  commit of the two segments around the gap, while they hold under that many times the gap's own
+  starts);
 * for a located change that the mixture over dispersions is sure of but some credible dispersion
   is not (`robust_dispersion`): one more start on the side with fewer starts, up to
   `max_starts_varying` (the data leave a varying rate credible).
@@ -183,13 +184,15 @@ class SearchOptions:
     quiet_scan: int | None = 3
     # Where starts vary and a gap down to one commit is still short of the confidence with both of its
     # commits at their cap of starts: one more start at the least-started commit of the two segments
-    # around it. What is left there is often a dispersion at which one segment, its rate varying
+    # around it, while those segments hold fewer than this many times the two commits' own starts
+    # (0: never). What is left there is often a dispersion at which one segment, its rate varying
     # wildly between starts, explains both sides, and clean starts anywhere in the clean segment speak
     # against it: an ICC 0.35 step from 0 to 1.9 % ended at 0.982 with 96 starts a side (439 in all),
-    # and at 0.9907 with 20 more (BENCHMARKS.md, "The unmet bars by cause"). Off: at ICC 0.2-0.4 it
-    # finds 82 of 100 steps where the default finds 79, but three searches it changed still missed
-    # theirs after 2,200-2,500 starts (430-716 without it); its starts need a bound first.
-    capped_segment_starts: bool = False
+    # and at 0.9907 with 20 more (BENCHMARKS.md, "The unmet bars by cause"). Unbounded, three ICC
+    # 0.2-0.4 searches it changed still missed their step after 2,200-2,500 starts (430-716 without
+    # it): where that many starts around the gap have not settled it, more rarely do. At 3x it finds
+    # 81 of 100 ICC 0.2-0.4 steps where 0 finds 79, its costliest search 825 starts (BENCHMARKS.md).
+    capped_segment_starts: float = 3.0
     # Where a mode's search would end with a change in view, a stretch whose gaps each hold under
     # `explore` of another change, but together at least this much, with failures at both its ends:
     # its thinnest probe gets one more start of up to `spread_batch` samples. Probes split early are
@@ -914,13 +917,17 @@ class Search:
                   by_starts: bool = False, cap: int | None = None, segments: ModePosterior | None = None) -> None:
         """One more start at the side of the gap lo..hi with fewer starts (or samples), under `cap`.
         With `segments` and `capped_segment_starts`, where both sides are at the cap: at the
-        least-started commit of the two segments around the gap instead (the nearer one first)."""
+        least-started commit of the two segments around the gap instead (the nearer one first), while
+        those segments hold under `capped_segment_starts` times the two commits' own starts."""
         sides = sorted((x for x in (lo, hi) if self._probeable(x, cap)),
                        key=lambda x: ((self._starts(x),) if by_starts else ()) + (self._samples_at(x), x))
         if not sides and segments is not None and self.options.capped_segment_starts:
             first, last = segments.segment_at(lo).first, segments.segment_at(hi).last
-            sides = sorted((x for x in segments.points if first <= x <= last and self._probeable(x, cap)),
-                           key=lambda x: (self._starts(x), min(abs(x - lo), abs(x - hi)), x))
+            around = [x for x in segments.points if first <= x <= last and x not in (lo, hi)]
+            bound = self.options.capped_segment_starts * (self._starts(lo) + self._starts(hi))
+            if sum(self._starts(x) for x in around) < bound:
+                sides = sorted((x for x in around if self._probeable(x, cap)),
+                               key=lambda x: (self._starts(x), min(abs(x - lo), abs(x - hi)), x))
         if sides:
             needs.append(_Need(value, (sides[0],), n))
 
