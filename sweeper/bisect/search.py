@@ -191,7 +191,8 @@ class SearchOptions:
     # and at 0.9907 with 20 more (BENCHMARKS.md, "The unmet bars by cause"). Unbounded, three ICC
     # 0.2-0.4 searches it changed still missed their step after 2,200-2,500 starts (430-716 without
     # it): where that many starts around the gap have not settled it, more rarely do. At 3x it finds
-    # 81 of 100 ICC 0.2-0.4 steps where 0 finds 79, its costliest search 825 starts (BENCHMARKS.md).
+    # 81 of 100 ICC 0.2-0.4 steps where 0 finds 79, and no search it changes runs past 825 starts;
+    # 1,400 searches of 14 families where starts agree are the same (BENCHMARKS.md).
     capped_segment_starts: float = 3.0
     # Where a mode's search would end with a change in view, a stretch whose gaps each hold under
     # `explore` of another change, but together at least this much, with failures at both its ends:
