@@ -554,6 +554,12 @@ def bisect_cmd(
                                                    "commits), whatever the ends show. Without it, a cell is "
                                                    "scanned every 3 commits only before its bisect would say "
                                                    "nothing changed; 0: never.")] = None,
+    expect_changes: Annotated[float, typer.Option("--expect-changes", metavar="N",
+                                                  help="Changes per range the search expects before it sees any "
+                                                       "(default 1). Above 1 for a range likely to hold several "
+                                                       "(a long release range, a mode that changes back and "
+                                                       "forth): a second or third change of a mode is found more "
+                                                       "often, at more GPU time per bisect.")] = 1.0,
     runs_dir: RunsDir = "runs",
     run_id: Annotated[str | None, typer.Option(help="Name of the new bisect run.")] = None,
     resume: Annotated[str | None, typer.Option(help="Continue this bisect run.")] = None,
@@ -581,10 +587,13 @@ def bisect_cmd(
         raise ConfigError(f"expected a number of GPU-hours above 0, got {budget:g}", key="--budget")
     if bumps is not None and bumps < 0:
         raise ConfigError(f"expected a number of commits >= 1, or 0 for no scan, got {bumps}", key="--bumps")
+    if not (0 < expect_changes < float("inf")):
+        raise ConfigError(f"expected a number of changes per range above 0, got {expect_changes:g}",
+                          key="--expect-changes")
     options = driver.BisectOptions(confidence=confidence, max_samples=max_samples, parallel=parallel, widen=widen,
                                    cache_dir=cache_dir, runs_dir=runs_dir, run_id=run_id, resume=resume,
                                    budget_h=budget, bump_width=bumps or None,
-                                   quiet_scan=bumps != 0)
+                                   quiet_scan=bumps != 0, expected_changes=expect_changes)
     try:
         outcome = driver.run_bisect(scope, options, executor=choose(executor, address=address, gpus=gpus),
                                     on_event=lambda line: err.print(line, markup=False, highlight=False))

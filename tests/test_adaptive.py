@@ -178,6 +178,9 @@ def test_a_budget_runs_what_fits_and_the_report_says_what_it_left(tmp_path: Path
     code, _, err = run_cli(["bisect", "--good", "a", "--bad", "b", "--bumps", "-1", "--runs-dir",
                             str(tmp_path / "runs")], capsys)
     assert code == 1 and err.strip() == "error: --bumps: expected a number of commits >= 1, or 0 for no scan, got -1"
+    code, _, err = run_cli(["bisect", "--good", "a", "--bad", "b", "--expect-changes", "0", "--runs-dir",
+                            str(tmp_path / "runs")], capsys)
+    assert code == 1 and err.strip() == "error: --expect-changes: expected a number of changes per range above 0, got 0"
 
 
 def test_a_budget_spreads_the_servers_it_fits_over_the_axes(tmp_path: Path, tiny_suite: Path) -> None:

@@ -362,7 +362,8 @@ def test_a_bisect_prices_what_it_leaves_open_with_the_matrixs_cost(
     """Nothing fails anywhere, so the bad endpoint passes; the report prices the scan that could look
     for a regression fixed again inside (`bump_scan`) as the matrix states a start and a request cost,
     not at a default: 1,000 s a start and 1 s a request make a scan's probe of 64 samples 1,064 s.
-    `--bumps 0`: not even the scan a bisect makes before it says nothing changed."""
+    `--bumps 0`: not even the scan a bisect makes before it says nothing changed. `--expect-changes 2`:
+    the search's prior, recorded in the verdict."""
     from conftest import crash_history
 
     crash_history(tmp_path, tiny_suite, 12, crash_from=12, after_requests=1)  # no commit crashes
@@ -370,12 +371,12 @@ def test_a_bisect_prices_what_it_leaves_open_with_the_matrixs_cost(
     matrix.write_text(matrix.read_text() + "cost: {install_s: 0, start_s: 1000, request_s: 1}\n")
     code, printed, err = run_cli(["bisect", "--good", "v0.27", "--bad", "c11", "--matrix", str(matrix),
                                   "--where", "spec_method=mtp", "--executor", "local", "--parallel", "4", "--bumps", "0",
-                                  "--json", "--runs-dir", str(tmp_path / "runs"), "--cache-dir", str(tmp_path / "cache")],
+                                  "--expect-changes", "2", "--json", "--runs-dir", str(tmp_path / "runs"), "--cache-dir", str(tmp_path / "cache")],
                                  capsys)
     assert code == 0, err
     verdict = json.loads(printed)
     (cell,) = verdict["cells"]
-    assert verdict["quiet_scan"] is None and verdict["bump_width"] is None
+    assert verdict["quiet_scan"] is None and verdict["bump_width"] is None and verdict["expected_changes"] == 2.0
     assert cell["bad_endpoint"] == "passes" and cell["widest_unprobed"] >= 3
     scan = cell["bump_scan"]
     assert scan["width"] == 3 and scan["server_starts"] >= 1

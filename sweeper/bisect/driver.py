@@ -49,6 +49,7 @@ from sweeper.bisect.evidence import (
 from sweeper.bisect.progress import beliefs, round_line
 from sweeper.bisect.report import ReportCell, describe, named_commits
 from sweeper.bisect.search import BisectReport, Observation, Search, SearchOptions
+from sweeper.bisect.segments import Prior
 from sweeper.bisect.select import ends, screen, select_cell, select_cells
 from sweeper.errors import BisectError, Interrupted, SweepError
 from sweeper.executor import Executor, ExecutorFactory, choose
@@ -109,12 +110,16 @@ class BisectOptions:
     # Without a scan asked for, scan every 3 commits before reporting that nothing changed
     # (`SearchOptions.quiet_scan`); False (`--bumps 0`): never scan.
     quiet_scan: bool = True
+    # The changes per range the search's prior expects (`Prior.expected_changes`): above 1 for a range
+    # likely to hold several (a release range, a mode seen to change back and forth), where a second
+    # or third change is searched for sooner, at more GPU time per bisect (BENCHMARKS.md).
+    expected_changes: float = 1.0
 
     @property
     def search(self) -> SearchOptions:
         quiet = SearchOptions.quiet_scan if self.quiet_scan else None
         return SearchOptions(confidence=self.confidence, max_samples=self.max_samples, bump_width=self.bump_width,
-                             quiet_scan=quiet)
+                             quiet_scan=quiet, prior=Prior.default(expected_changes=self.expected_changes))
 
 
 @dataclass(frozen=True)

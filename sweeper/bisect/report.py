@@ -8,6 +8,7 @@
     bump_width      `--bumps`: every run of this many commits was to get a probe (null: no scan)
     quiet_scan      without `--bumps`: every run of this many commits was to get a probe before a
                     cell's bisect said nothing changed (null: `--bumps` given, or 0)
+    expected_changes  `--expect-changes`: the changes per range the search's prior expected (1 by default)
     by_commit[]     one entry per commit where any change was found, newest first:
                     {commit: COMMIT, changes: [{mode, direction, confidence, cells: [label]}]}
     cells[]         one entry per bisected cell:
@@ -196,7 +197,8 @@ def describe(reports: Sequence[BisectReport], cells: Sequence[ReportCell], commi
     return {"schema": SCHEMA, "range": {"good": commits[0], "bad": commits[-1], "commits": len(commits) - 1},
             "confidence": reports[0].confidence if reports else None,
             "bump_width": reports[0].bump_width if reports else None,
-            "quiet_scan": reports[0].quiet_scan if reports else None, "by_commit": merged_by_commit,
+            "quiet_scan": reports[0].quiet_scan if reports else None,
+            "expected_changes": reports[0].expected_changes if reports else None, "by_commit": merged_by_commit,
             "cells": rows}
 
 

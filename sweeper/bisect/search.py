@@ -336,6 +336,8 @@ class BisectReport:
     scan_quote: tuple[int, int, float] | None = None
     # The scan made before reporting no change (`SearchOptions.quiet_scan`), None when off.
     quiet_scan: int | None = None
+    # The changes per range the prior expects (`Prior.expected_changes`; `sweep bisect --expect-changes`).
+    expected_changes: float = 1.0
 
     @property
     def undecided(self) -> tuple[ModeReport, ...]:
@@ -1041,7 +1043,7 @@ class Search:
                             tuple((self.commits[i], r) for i, r in sorted(self._skipped.items())),
                             self.gpu_s, float(to_decide), self.widest_unprobed(), o.bump_width,
                             None if o.bump_width else self._scan_quote(QUOTED_SCAN_WIDTH),
-                            None if o.bump_width else o.quiet_scan)
+                            None if o.bump_width else o.quiet_scan, self.prior.expected_changes)
 
     def _mode_report(self, mode: str) -> ModeReport:
         post = self.mode_posterior(mode)
