@@ -19,6 +19,7 @@ import pytest
 from conftest import run_cli
 
 from sweeper import analysis, runs
+from sweeper.bisect.report import render
 from sweeper.matrix import canonical
 from sweeper.records import BisectManifest, SweepManifest
 from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, RunDir, table
@@ -251,7 +252,6 @@ SUMMARY = {"schema": "sweep-bisect/2", "final": True, "range": {"good": "a" * 40
 
 
 def test_report_on_a_bisect_run_prints_its_verdict(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from sweeper.bisect.report import render
 
     run = RunDir(tmp_path / "bis")
     run.write_manifest(BisectManifest(run_id="bis", matrix={"name": "demo"}, good="v0.27.0", bad="main"))
@@ -377,6 +377,7 @@ def test_a_bisect_prices_what_it_leaves_open_with_the_matrixs_cost(
     verdict = json.loads(printed)
     (cell,) = verdict["cells"]
     assert verdict["quiet_scan"] is None and verdict["bump_width"] is None and verdict["expected_changes"] == 2.0
+    assert "searched expecting 2 changes per mode over the range (--expect-changes)" in render(verdict)
     assert cell["bad_endpoint"] == "passes" and cell["widest_unprobed"] >= 3
     scan = cell["bump_scan"]
     assert scan["width"] == 3 and scan["server_starts"] >= 1

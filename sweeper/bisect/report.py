@@ -447,6 +447,10 @@ def _closing(summary: Mapping[str, Any]) -> list[str]:
     reused = _reused(summary)
     if reused:
         out.append(reused)
+    expected = summary.get("expected_changes")
+    if expected is not None and expected != 1:
+        # Said because it moves every probability in the report: the prior is part of the claim.
+        out.append(f"searched expecting {expected:g} changes per mode over the range (--expect-changes)")
     budget = summary.get("budget")
     if budget:
         out.append(f"budget {budget['gpu_hours']:g} GPU-h, {budget['spent_gpu_hours']:.2f} spent"
