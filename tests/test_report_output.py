@@ -252,7 +252,6 @@ SUMMARY = {"schema": "sweep-bisect/2", "final": True, "range": {"good": "a" * 40
 
 
 def test_report_on_a_bisect_run_prints_its_verdict(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-
     run = RunDir(tmp_path / "bis")
     run.write_manifest(BisectManifest(run_id="bis", matrix={"name": "demo"}, good="v0.27.0", bad="main"))
     code, out, err = run_cli(["report", "--runs-dir", str(tmp_path)], capsys)
