@@ -2,7 +2,7 @@
 
 Three parts, each printing a Markdown table:
 
-- `--cells N`: N simulated cells judged by the stopping rule (`sweeper.sequential.run`) on samples
+- `--cells N`: N simulated cells judged by the stopping rule (`sweeper.judge.sequential.run`) on samples
   from a generator that shares nothing with the rule's model: a suite of cases of unequal repeats
   (the demo's 101 requests), a failure hitting a random subset of the cases at rates of their own,
   a rate that varies from one server start to the next (a log-normal factor per start), and a share
@@ -29,7 +29,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sweeper.sequential import Rule, Stop, interleave, run
+from sweeper.judge.sequential import Rule, Stop, interleave, run
 
 # A suite of the demo's shape: cases of 3 and of 5 repeats, 101 requests in all.
 SUITE = [(f"s{i}", 3) for i in range(12)] + [(f"t{i}", 5) for i in range(13)]
@@ -165,8 +165,8 @@ def matrix8(rule: Rule, seed: int) -> None:
 # ---- two stored runs ----------------------------------------------------------------------------
 
 def compare(runs_dir: str, whole_id: str, adaptive_id: str) -> None:
-    from sweeper import analysis
-    from sweeper.store import open_run
+    from sweeper.store import frames as analysis
+    from sweeper.store.run_folder import open_run
 
     rows = {}
     for rid in (whole_id, adaptive_id):

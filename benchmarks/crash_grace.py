@@ -22,9 +22,9 @@ import textwrap
 from pathlib import Path
 
 import sweeper
-from sweeper import analysis
-from sweeper.executor import choose
-from sweeper.sweep import run_matrix
+from sweeper.drivers.sweep import run_matrix
+from sweeper.execute.executor import choose
+from sweeper.store import frames as analysis
 
 WIRE_SERVER = Path(__file__).resolve().parent.parent / "tests" / "wireserver.py"
 BEHAVIOURS = ("hangup", "reset", "ok")

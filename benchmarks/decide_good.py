@@ -18,7 +18,7 @@ import random
 import statistics
 
 from sweeper.bisect.search import Search, SearchOptions
-from sweeper.stats import samples_to_decide
+from sweeper.judge.stats import samples_to_decide
 
 P_BAD = 1 / 3
 ALPHA = 0.01

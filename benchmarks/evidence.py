@@ -4,7 +4,7 @@
 
 Writes, through the store, one run holding the bisected cells of `matrices/demo.yaml` at 8 commits,
 then adds unrelated runs (other settings and commits, 4 groups each) and reads the evidence with
-`sweeper.bisect.evidence.load_evidence` (through each run's catalogue) and, side by side, with
+`sweeper.drivers.bisect_evidence.load_evidence` (through each run's catalogue) and, side by side, with
 `analysis.read_runs` (every file of every run, projection and filter pushed down: the read before
 the catalogue). Each read runs in this process through a pyarrow filesystem that counts the Parquet
 files opened; the first read after new runs also indexes nothing (the store catalogued them).
@@ -30,8 +30,8 @@ from countingfs import Counting
 
 
 def write_run(runs: Path, run_id: str, settings: list[str], shas: list[str], digest: str, rows: int) -> None:
-    from sweeper.records import SweepManifest
-    from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, RunDir, table
+    from sweeper.store.manifest import SweepManifest
+    from sweeper.store.run_folder import CELL_SCHEMA, SAMPLE_SCHEMA, RunDir, table
 
     run = RunDir(runs / run_id)
     run.write_manifest(SweepManifest(run_id=run_id))
@@ -55,10 +55,10 @@ def write_run(runs: Path, run_id: str, settings: list[str], shas: list[str], dig
 
 def read(runs: Path, how: str, targets: list[Any], suite: Any, shas: list[str]) -> tuple[float, int, int]:
     """(seconds, Parquet files opened, sample rows found) of one evidence read."""
-    from sweeper import analysis
-    from sweeper.bisect import modes as fm
-    from sweeper.bisect.evidence import Target, load_evidence
-    from sweeper.storage import Location
+    from sweeper.drivers.bisect_evidence import Target, load_evidence
+    from sweeper.judge import modes as fm
+    from sweeper.store import frames as analysis
+    from sweeper.store.location import Location
 
     handler = Counting()
     where = Location(pafs.PyFileSystem(handler), str(runs), str(runs), False)
@@ -76,10 +76,10 @@ def read(runs: Path, how: str, targets: list[Any], suite: Any, shas: list[str]) 
 
 
 def main() -> None:
-    from sweeper.bisect.evidence import Target
     from sweeper.bisect.select import select_cells
-    from sweeper.matrix import load_matrix
-    from sweeper.suite import load_suites
+    from sweeper.drivers.bisect_evidence import Target
+    from sweeper.spec.matrix import load_matrix
+    from sweeper.spec.suite import load_suites
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--unrelated", default="0,50,200")

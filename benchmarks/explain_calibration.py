@@ -1,4 +1,4 @@
-"""Calibration and power of `sweeper.explain` on independently generated matrices.
+"""Calibration and power of `sweeper.judge.explain` on independently generated matrices.
 
     nice -n 19 .venv/bin/python benchmarks/explain_calibration.py --matrices 300 --json /tmp/explain-cal.json
 
@@ -42,9 +42,9 @@ import pandas as pd
 # `--src PATH` measures the explain of another checkout (e.g. `git archive` of an older commit).
 _SRC = sys.argv[sys.argv.index("--src") + 1] if "--src" in sys.argv else str(Path(__file__).resolve().parent.parent)
 sys.path.insert(0, _SRC)
-from sweeper import explain
-from sweeper.explain import Verdict
-from sweeper.stats import wilson
+from sweeper.judge import explain
+from sweeper.judge.explain import Verdict
+from sweeper.judge.stats import wilson
 
 ALPHA = 0.01
 FAMILIES = ("1-term", "2-term", "3-term", "effective", "include", "null")
@@ -223,7 +223,7 @@ def run_one(args: tuple[str, int]) -> dict[str, Any]:
     m = draw(family, seed)
     samples, cells, planted_starts = tables(m)
     started = time.perf_counter()
-    from sweeper import analysis
+    from sweeper.store import frames as analysis
     e = explain.explain(analysis.with_axes(samples), cells, alpha=ALPHA)
     out = {"family": family, "seed": seed, "icc": m.icc, "rate": m.rate, "starts": m.starts,
            "samples": m.samples, "replay": m.replay, "n_axes": len(m.axes), "cells": len(m.cells),

@@ -32,8 +32,10 @@ from typing import Any
 
 import yaml
 
-from sweeper import analysis, cluster, sweep
-from sweeper.executor import choose
+from sweeper.drivers import sweep
+from sweeper.execute import ray_executor as cluster
+from sweeper.execute.executor import choose
+from sweeper.store import frames as analysis
 
 ROOT = Path(__file__).parent.parent
 REAL_WARM = cluster.Cluster.warm

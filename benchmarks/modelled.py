@@ -1,7 +1,7 @@
 """An executor whose servers are modelled in this process: the simulator's bug declarations read
 and applied here, without starting a server, so that hundreds of histories fit on two cores.
 
-It is a `sweeper.executor.Executor`: the sweep, its store, explain and zoom run exactly as they do
+It is a `sweeper.execute.executor.Executor`: the sweep, its store, explain and zoom run exactly as they do
 with servers; only what a group's server would answer is computed here. Per group (one server
 start): the effective traits of its cell as the simulator derives them (the V2 model runner falls
 back to V1 under ngram; every other trait as asked), each declared bug whose `when` the traits meet
@@ -26,11 +26,11 @@ from typing import Any, Self
 
 import yaml
 
-from sweeper import sequential
-from sweeper.matrix import Cell, canonical
-from sweeper.runner import GroupJob, GroupResult, Status, adaptive_rule
-from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, table
-from sweeper.suite import expand
+from sweeper.execute.runner import GroupJob, GroupResult, Status, adaptive_rule
+from sweeper.judge import sequential
+from sweeper.spec.matrix import Cell, canonical
+from sweeper.spec.suite import expand
+from sweeper.store.run_folder import CELL_SCHEMA, SAMPLE_SCHEMA, table
 
 FAILED = ["finish_reason", "json_schema", "no_whitespace_tail", "log_absent"]  # fsm_whitespace's checks
 BANNER = "Starting vLLM API server"

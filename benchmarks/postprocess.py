@@ -19,9 +19,9 @@ from pathlib import Path
 
 import yaml
 
-from sweeper.runner import run_group
-from sweeper.store import open_run
-from sweeper.sweep import jobs_for, make_plan
+from sweeper.drivers.sweep import jobs_for, make_plan
+from sweeper.execute.runner import run_group
+from sweeper.store.run_folder import open_run
 from sweeper.vllm import request_log_lines
 from sweeper.vllm.logs import LogIndex
 

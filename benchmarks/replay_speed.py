@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from sweeper.replay import Request, run_replay
+from sweeper.execute.replay import Request, run_replay
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "Extract the invoice as JSON."}], "max_tokens": 64}
 

@@ -36,9 +36,9 @@ def generate(runs_dir: Path, rows: int, seed: int = 0) -> Path:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from sweeper.matrix import canonical
-    from sweeper.records import SweepManifest
-    from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, RunDir, table
+    from sweeper.spec.matrix import canonical
+    from sweeper.store.manifest import SweepManifest
+    from sweeper.store.run_folder import CELL_SCHEMA, SAMPLE_SCHEMA, RunDir, table
 
     rng = np.random.default_rng(seed)
     run = RunDir(runs_dir / "scale")
@@ -118,8 +118,9 @@ def generate(runs_dir: Path, rows: int, seed: int = 0) -> Path:
 # ---- the steps, each run in a child process -------------------------------------------------------
 
 def step(name: str, runs_dir: Path) -> dict[str, object]:
-    from sweeper import analysis, report
-    from sweeper.store import RunDir
+    from sweeper.reports import tables as report
+    from sweeper.store import frames as analysis
+    from sweeper.store.run_folder import RunDir
 
     run = RunDir(runs_dir / "scale")
     t0 = time.perf_counter()

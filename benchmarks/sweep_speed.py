@@ -14,10 +14,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from sweeper import analysis
-from sweeper.executor import choose
-from sweeper.matrix import load_matrix
-from sweeper.sweep import run_matrix
+from sweeper.drivers.sweep import run_matrix
+from sweeper.execute.executor import choose
+from sweeper.spec.matrix import load_matrix
+from sweeper.store import frames as analysis
 
 ROOT = Path(__file__).parent.parent
 

@@ -21,12 +21,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sweeper.bisect.driver import BisectOptions, BisectScope, Subject, bisect_cells, run_bisect
-from sweeper.executor import choose
-from sweeper.matrix import load_matrix
-from sweeper.suite import load_suites
-from sweeper.sweep import run_matrix
-from sweeper.triage import TriageOptions, TriageScope, run_triage
+from sweeper.drivers.bisect import BisectOptions, BisectScope, Subject, bisect_cells, run_bisect
+from sweeper.drivers.sweep import run_matrix
+from sweeper.drivers.triage import TriageOptions, TriageScope, run_triage
+from sweeper.execute.executor import choose
+from sweeper.spec.matrix import load_matrix
+from sweeper.spec.suite import load_suites
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "matrices" / "demo.yaml"

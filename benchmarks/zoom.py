@@ -35,11 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import planted
 from modelled import BANNER, Modelled
 
-from sweeper import analysis, report
-from sweeper.explain import Verdict
-from sweeper.matrix import DesignSpec
-from sweeper.store import RunDir
-from sweeper.sweep import ZoomOptions, run_matrix
+from sweeper.drivers.sweep import ZoomOptions, run_matrix
+from sweeper.judge.explain import Verdict
+from sweeper.reports import tables as report
+from sweeper.spec.matrix import DesignSpec
+from sweeper.store import frames as analysis
+from sweeper.store.run_folder import RunDir
 
 # The GPU profile the GPU-hours are modelled under (the example for a large model).
 START_S, INSTALL_S, REQUEST_S = 240.0, 90.0, 1.0
@@ -90,7 +91,7 @@ def one(task: tuple[str, int, bool, int, tuple[str, ...]]) -> dict[str, Any]:
             t0 = time.monotonic()
             spec = DesignSpec(kind="full") if arm in WHOLE else DesignSpec(kind="covering", strength=3, seed=seed)
             if real:
-                from sweeper.executor import choose
+                from sweeper.execute.executor import choose
 
                 factory: Any = choose("local")
             else:

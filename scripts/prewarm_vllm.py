@@ -13,9 +13,9 @@ import os
 import sys
 from pathlib import Path
 
-from sweeper import environments
 from sweeper.errors import SweepError
-from sweeper.matrix import load_matrix
+from sweeper.install import cache as environments
+from sweeper.spec.matrix import load_matrix
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from sweeper.errors import Interrupted, SweepError, one_line
 
 if TYPE_CHECKING:
-    from sweeper.sweep import Plan
+    from sweeper.drivers.sweep import Plan
 
 app = typer.Typer(
     name="sweep", no_args_is_help=True, add_completion=False, rich_markup_mode=None,
@@ -114,17 +114,19 @@ def matrix_cmd(
 
     Example: sweep matrix matrices/demo.yaml --dry-run
     """
-    from sweeper import preview, report, spend, sweep
-    from sweeper.analysis import load_cells
+    from sweeper.drivers import sweep
     from sweeper.errors import ConfigError
-    from sweeper.executor import choose
-    from sweeper.matrix import DESIGN_EXPECTED, design_from_text
-    from sweeper.records import PhaseRecord
+    from sweeper.execute.executor import choose
+    from sweeper.reports import preview, spend
+    from sweeper.reports import tables as report
+    from sweeper.spec.matrix import DESIGN_EXPECTED, design_from_text
+    from sweeper.store.frames import load_cells
+    from sweeper.store.manifest import PhaseRecord
 
     design_spec = design_from_text(design) if design is not None else None
     if design is not None and design_spec is None:
         raise ConfigError(f"{DESIGN_EXPECTED}, got {design!r}", key="--design")
-    from sweeper import rerun
+    from sweeper.drivers import rerun
 
     rerun.check_options(where, resume, others=bool(design or adaptive or budget is not None))
     if where and dry_run:
@@ -214,7 +216,7 @@ def matrix_cmd(
 
 def rerun_preview(file: Path, runs_dir: str, run_id: str, where: list[str]) -> None:
     """The servers and cells `--where` would run again in `run_id`; nothing is run."""
-    from sweeper import rerun
+    from sweeper.drivers import rerun
 
     _, _, todo = rerun.plan_rerun(file, runs_dir, run_id, where)
     cells = sum(len(t.group.cells) for t in todo)
@@ -241,8 +243,8 @@ def print_wheel_checks(plan: Plan) -> None:
 
 def check_misconfiguration(plan: Plan, *, cache_dir: Path | None, strict: bool) -> None:
     """Env names and request fields vLLM would ignore: warnings on stderr, then every error on a line
-    of its own and exit 1 (`sweeper.misconfig` says which is which)."""
-    from sweeper import misconfig
+    of its own and exit 1 (`sweeper.vllm.misconfig` says which is which)."""
+    from sweeper.vllm import misconfig
 
     matrix = plan.matrix
     found = misconfig.check(matrix, plan.shas, cache_dir=cache_dir, strict=strict)
@@ -273,18 +275,19 @@ def report_cmd(
 
     Example: sweep report --explain --html runs/demo.html
     """
-    from sweeper import analysis, report
-    from sweeper.records import BisectManifest
-    from sweeper.store import open_run
+    from sweeper.reports import tables as report
+    from sweeper.store import frames as analysis
+    from sweeper.store.manifest import BisectManifest
+    from sweeper.store.run_folder import open_run
 
     if run_id is not None and not any((explain, html, issue, heatmap, against, all_cells)):
-        from sweeper import triage_report
+        from sweeper.reports import triage as triage_report
 
         record = triage_report.load(runs_dir, run_id)
         if record is not None:
             # A triage run: its summary (phases, their cost and reuse, the modes and their reports).
             if as_json:
-                from sweeper.triage_record import to_json as record_json
+                from sweeper.store.triage_record import to_json as record_json
 
                 sys.stdout.write(json.dumps(record_json(record), indent=2) + "\n")
                 return
@@ -295,7 +298,7 @@ def report_cmd(
     manifest = run.manifest_or_none()  # results of another schema version: one line, stop
     warn_damage(run)
     if issue:
-        from sweeper.bugreport import issue_markdown
+        from sweeper.reports.bug import issue_markdown
 
         # Markdown only, so it can be piped into a file or the clipboard.
         sys.stdout.write(issue_markdown(run, mode=mode, runs_dir=runs_dir))
@@ -303,14 +306,14 @@ def report_cmd(
     if mode is not None:
         raise SweepError("--mode goes with --issue")
     if as_json and explain:
-        from sweeper.explain_json import to_json
+        from sweeper.reports.explain_json import to_json
 
         # JSON only, so it can be piped into jq or a file.
         sys.stdout.write(json.dumps(to_json(report.explain_run(run)), indent=2) + "\n")
         return
     own = explain or heatmap or html or against or as_json  # each prints its own output, not the table
     if isinstance(manifest, BisectManifest) and not (explain or heatmap or html or against):
-        from sweeper.bisect.report import render
+        from sweeper.reports.bisect import render
 
         # The verdict as the bisect left it: nothing is started, nothing probed again.
         summary = run.read_json("bisect.json")
@@ -335,7 +338,7 @@ def report_cmd(
         sys.stdout.write(json.dumps(report.report_json(run, cells_table, orders), indent=2, allow_nan=False,
                                     default=str) + "\n")
     if against:
-        from sweeper import compare
+        from sweeper.reports import compare
 
         other = open_run(runs_dir, against, create=False)
         warn_damage(other)
@@ -348,14 +351,14 @@ def report_cmd(
             out.print(line, markup=False, highlight=False)
         out.print(compare.table(result))
     if not own:
-        from sweeper import spend
+        from sweeper.reports import spend
 
         out.print(report.cells_table(cells, title=f"run {run.run_id}", orders=orders,
                                      limit=None if all_cells else report.TABLE_ROWS, width=out.width))
         for line in spend.run_notes(run):
             out.print(line, markup=False, highlight=False)
     if explain:
-        from sweeper.explain import render as render_explanation
+        from sweeper.judge.explain import render as render_explanation
 
         # Never wrapped: one line per fact, so a mode's line can be grepped from piped output.
         out.print(render_explanation(report.explain_run(run, cells=cells)), markup=False, highlight=False,
@@ -369,7 +372,7 @@ def report_cmd(
                               title=run.run_id, commit_order=order, orders=orders)
         out.print(f"heatmap: {path}")
     if html:
-        from sweeper import html_report
+        from sweeper.reports import html as html_report
 
         out.print(f"html: {html_report.write(run, html)}")
 
@@ -401,7 +404,7 @@ def runs_list(
 
     from rich.table import Table
 
-    from sweeper import runs
+    from sweeper.drivers import runs
 
     found = runs.listing(runs_dir)
     if as_json:
@@ -431,7 +434,7 @@ def runs_check(
 
     Example: sweep runs check
     """
-    from sweeper import runs
+    from sweeper.drivers import runs
 
     damaged = False
     for health in runs.check(runs_dir, run_id):
@@ -455,7 +458,7 @@ def runs_repair(
 
     Example: sweep runs repair 20260101-120000-demo
     """
-    from sweeper import runs
+    from sweeper.drivers import runs
 
     for line in runs.repair(runs_dir, run_id, matrix):
         out.print(line, markup=False, highlight=False, soft_wrap=True)
@@ -467,7 +470,7 @@ def suite_show(file: Annotated[Path, typer.Argument(help="Suite YAML file.")]) -
 
     Example: sweep suite show suites/structured-output.yaml
     """
-    from sweeper.suite import load_suite
+    from sweeper.spec.suite import load_suite
 
     suite = load_suite(file)
     out.print(f"{suite.name}: {len(suite.cases)} cases, {sum(c.repeat for c in suite.cases)} requests, digest {suite.digest[:12]}")
@@ -481,7 +484,7 @@ def suite_checks() -> None:
 
     Example: sweep suite checks
     """
-    from sweeper.checks import CHECKS
+    from sweeper.spec.checks import CHECKS
 
     for name, definition in CHECKS.items():
         out.print(f"[bold]{name}[/bold]: {getattr(definition, 'doc', '')}")
@@ -493,7 +496,8 @@ def cache_list(cache_dir: Annotated[Path | None, typer.Option(help="Cache folder
 
     Example: sweep cache list
     """
-    from sweeper import environments, report
+    from sweeper.install import cache as environments
+    from sweeper.reports import tables as report
 
     envs = environments.list_environments(cache_dir)
     if not envs:
@@ -512,7 +516,7 @@ def cache_clear(
 
     Example: sweep cache clear --older-than-days 14
     """
-    from sweeper import environments
+    from sweeper.install import cache as environments
 
     removed = environments.clear(cache_dir, older_than=older_than_days * 86400 if older_than_days else None,
                                  commit=commit)
@@ -525,7 +529,7 @@ def model_tiny(directory: Annotated[Path, typer.Argument(help="Folder to write t
 
     Example: sweep model tiny /tmp/tiny-qwen3
     """
-    from sweeper import tinymodel
+    from sweeper.execute import tinymodel
 
     path = tinymodel.build_tiny_model(directory)
     out.print(f"tiny model: {path}")
@@ -577,9 +581,10 @@ def bisect_cmd(
 
     Example: sweep bisect --good v0.27 --bad main --matrix matrices/demo.yaml --where spec_method=mtp --where env.VLLM_USE_V2_MODEL_RUNNER=1
     """
-    from sweeper.bisect import driver, report
+    from sweeper.drivers import bisect as driver
     from sweeper.errors import ConfigError
-    from sweeper.executor import choose
+    from sweeper.execute.executor import choose
+    from sweeper.reports import bisect as report
 
     scope = driver.BisectScope(good=good, bad=bad, matrix_path=matrix, from_run=run, where=tuple(where or ()),
                                repo=repo)
@@ -638,11 +643,12 @@ def triage_cmd(
     """
     import dataclasses
 
-    from sweeper import triage, triage_report
+    from sweeper.drivers import triage
     from sweeper.errors import ConfigError
-    from sweeper.executor import choose
-    from sweeper.matrix import DESIGN_EXPECTED, design_from_text
-    from sweeper.triage_record import to_json as record_json
+    from sweeper.execute.executor import choose
+    from sweeper.reports import triage as triage_report
+    from sweeper.spec.matrix import DESIGN_EXPECTED, design_from_text
+    from sweeper.store.triage_record import to_json as record_json
 
     design_spec = design_from_text(design) if design is not None else None
     if design is not None and design_spec is None:

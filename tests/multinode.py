@@ -25,7 +25,7 @@ from pathlib import Path
 
 import psutil
 
-from sweeper.cluster import kill_processes_using
+from sweeper.execute.ray_executor import kill_processes_using
 
 BIN = Path(sys.executable).parent
 MARKER = "SWEEP_TEST_CLUSTER"  # in the environment of every process of one such cluster

@@ -17,9 +17,9 @@ from pathlib import Path
 import filelock
 import pytest
 
-from sweeper.executor import choose
-from sweeper.store import RunDir
-from sweeper.sweep import run_matrix
+from sweeper.drivers.sweep import run_matrix
+from sweeper.execute.executor import choose
+from sweeper.store.run_folder import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent
 # Planted in the matrix settings: must appear in no report.

@@ -12,13 +12,14 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import make_sim_repo, run_cli
 
-from sweeper import analysis, budget, cost
+from sweeper.drivers.sweep import make_plan, run_matrix
 from sweeper.errors import ConfigError
-from sweeper.executor import choose as executor
-from sweeper.matrix import load_matrix
-from sweeper.records import SweepManifest
-from sweeper.store import CELL_SCHEMA, open_run, parquet_bytes, table
-from sweeper.sweep import make_plan, run_matrix
+from sweeper.execute.executor import choose as executor
+from sweeper.plan import budget, cost
+from sweeper.spec.matrix import load_matrix
+from sweeper.store import frames as analysis
+from sweeper.store.manifest import SweepManifest
+from sweeper.store.run_folder import CELL_SCHEMA, open_run, parquet_bytes, table
 
 ROOT = Path(__file__).resolve().parent.parent
 FLAKY = {"effect": "fsm_whitespace", "when": {"spec_method": ["mtp"]}, "rate": 0.5}

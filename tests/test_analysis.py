@@ -11,11 +11,12 @@ import pandas as pd
 import pyarrow.compute as pc
 import pytest
 
-from sweeper import analysis, report
 from sweeper.errors import SweepError
-from sweeper.matrix import canonical
-from sweeper.records import SweepManifest
-from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, RunDir, table
+from sweeper.reports import tables as report
+from sweeper.spec.matrix import canonical
+from sweeper.store import frames as analysis
+from sweeper.store.manifest import SweepManifest
+from sweeper.store.run_folder import CELL_SCHEMA, SAMPLE_SCHEMA, RunDir, table
 
 # Axis values of every JSON type a matrix can hold; "0" and 0 must stay apart.
 COMMITS = ["v1", "v2"]

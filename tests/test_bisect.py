@@ -48,7 +48,7 @@ def commits(n: int) -> list[str]:
 
 def summary_of(report: BisectReport, cs: list[str]) -> dict[str, Any]:
     """The report's `bisect.json` data for one cell, knowing only the commits the report names."""
-    from sweeper.bisect.report import ReportCell, describe, named_commits
+    from sweeper.reports.bisect import ReportCell, describe, named_commits
 
     info = {c: {"sha": c, "short": c, "subject": f"commit {c}", "pr": None, "date": None}
             for c in named_commits([report])}
@@ -262,7 +262,7 @@ def test_a_change_hidden_by_per_start_variation_is_not_reported_as_no_change() -
     """9 % -> 17 % at commit 99 of 140, each server start drawing its own rate (ICC 0.15): a search
     held to a budget ends without locating it, and the report says how sure it is instead of "no
     change" (and roughly what deciding would cost)."""
-    from sweeper.bisect.report import render
+    from sweeper.reports.bisect import render
 
     cs = commits(140)
     report = drive(Search(cs, SearchOptions(max_samples=4000)), lambda i: {"a": 0.093 if i < 99 else 0.167}, k=4, rng=np.random.default_rng(0),
@@ -281,7 +281,7 @@ def test_a_change_hidden_by_per_start_variation_is_not_reported_as_no_change() -
 
 
 def test_no_change_is_said_flatly_only_at_the_target() -> None:
-    from sweeper.bisect.report import render
+    from sweeper.reports.bisect import render
 
     cs = commits(60)
     report = drive(Search(cs), lambda i: {"a": 0.3}, k=4)
@@ -300,7 +300,7 @@ def test_no_change_says_how_wide_a_fixed_regression_could_hide_between_probes() 
     # neither. The report says how many commits in a row went unprobed, and how to look; with a
     # scan (`--bumps`), how wide what it could still miss is, and no hint. (Without one a search
     # scans before it says "no change", unless told not to: `quiet_scan`.)
-    from sweeper.bisect.report import render
+    from sweeper.reports.bisect import render
 
     cs = commits(60)
     report_search = Search(cs, SearchOptions(quiet_scan=None))
@@ -338,7 +338,7 @@ def test_no_change_says_how_wide_a_fixed_regression_could_hide_between_probes() 
 def test_a_bad_endpoint_that_passes_says_a_fixed_regression_could_hide_inside() -> None:
     # Nothing fails anywhere: the bad endpoint passes, and a regression fixed again inside the range
     # would show at neither end; the report says how wide one could be and how to look for it.
-    from sweeper.bisect.report import render
+    from sweeper.reports.bisect import render
 
     cs = commits(40)
     report = drive(Search(cs, SearchOptions(quiet_scan=None)), lambda i: {}, k=2)

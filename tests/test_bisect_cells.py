@@ -15,13 +15,13 @@ import yaml
 from conftest import SUITE as TINY_SUITE
 from conftest import make_sim_repo, starts_in_logs
 
-from sweeper import analysis
-from sweeper.bisect.driver import BisectOptions, BisectScope, run_bisect
-from sweeper.bisect.report import render
-from sweeper.environments import list_environments
+from sweeper.drivers.bisect import BisectOptions, BisectScope, run_bisect
+from sweeper.drivers.sweep import run_matrix
 from sweeper.errors import BisectError
-from sweeper.executor import choose
-from sweeper.sweep import run_matrix
+from sweeper.execute.executor import choose
+from sweeper.install.cache import list_environments
+from sweeper.reports.bisect import render
+from sweeper.store import frames as analysis
 
 FSM = {"id": "fsm", "effect": "fsm_whitespace", "when": {"spec_method": ["mtp"], "strict_tool_calling": [True]},
        "rate": 0.5}

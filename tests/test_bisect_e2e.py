@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from conftest import wait_for_files
 
-from sweeper import analysis
-from sweeper.bisect.driver import BisectOptions, BisectScope, run_bisect
+from sweeper.drivers.bisect import BisectOptions, BisectScope, run_bisect
 from sweeper.errors import BisectError
-from sweeper.executor import choose
-from sweeper.store import RunDir
+from sweeper.execute.executor import choose
+from sweeper.store import frames as analysis
+from sweeper.store.run_folder import RunDir
 
 SUITES = Path(__file__).parent.parent / "suites"
 DEMO_MATRIX = """

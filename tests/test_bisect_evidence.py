@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sweeper.bisect.evidence import ServerStart, Target, run_starts, server_starts
-from sweeper.bisect.modes import START_CASE
-from sweeper.matrix import load_matrix
-from sweeper.records import SweepManifest
-from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, RunDir, table
+from sweeper.drivers.bisect_evidence import ServerStart, Target, run_starts, server_starts
+from sweeper.judge.modes import START_CASE
+from sweeper.spec.matrix import load_matrix
+from sweeper.store.manifest import SweepManifest
+from sweeper.store.run_folder import CELL_SCHEMA, SAMPLE_SCHEMA, RunDir, table
 
 LABELS = {("json", "log_absent"): "log_absent(FSM)"}
 FSM_TAIL = frozenset({"log_absent(FSM)", "no_whitespace_tail"})

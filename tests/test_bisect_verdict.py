@@ -10,8 +10,8 @@ from typing import Any
 from test_bisect import commits, drive
 
 from sweeper.bisect import Search
-from sweeper.bisect.progress import beliefs, round_line
-from sweeper.bisect.report import ReportCell, compact_cells, describe, named_commits, render
+from sweeper.reports.bisect import ReportCell, compact_cells, describe, named_commits, render
+from sweeper.reports.bisect_progress import beliefs, round_line
 
 N = 40
 SWAP, LATER = 12, 30

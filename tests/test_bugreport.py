@@ -15,10 +15,10 @@ import pytest
 from reportruns import TOKEN, TOKEN_AXIS
 from typer.testing import CliRunner
 
-from sweeper.bugreport import Redactor
 from sweeper.cli import app
-from sweeper.server import ServerProcess, free_port
-from sweeper.store import RunDir
+from sweeper.execute.server import ServerProcess, free_port
+from sweeper.reports.bug import Redactor
+from sweeper.store.run_folder import RunDir
 
 # The shared runs, made once per session (a plugin: fixtures imported per module would run per module).
 pytest_plugins = ["reportruns"]
@@ -104,8 +104,8 @@ def test_a_server_that_failed_is_a_bug_report_with_its_reason(tmp_path: Path, ti
     mode's missing samples)."""
     from conftest import make_sim_repo, run_cli
 
-    from sweeper.executor import choose
-    from sweeper.sweep import run_matrix
+    from sweeper.drivers.sweep import run_matrix
+    from sweeper.execute.executor import choose
 
     repo = tmp_path / "vllm"
     make_sim_repo(repo, [("main", {})])

@@ -15,16 +15,16 @@ import pyarrow.fs as pafs
 import pytest
 from countingfs import Counting
 
-from sweeper import analysis
-from sweeper.bisect import modes as fm
-from sweeper.bisect.evidence import Target, load_evidence
 from sweeper.bisect.select import select_cells
-from sweeper.catalogue import CATALOGUE
-from sweeper.matrix import load_matrix
-from sweeper.records import SweepManifest
-from sweeper.storage import Location
-from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, Damage, RunDir, table
-from sweeper.suite import Suite, load_suite
+from sweeper.drivers.bisect_evidence import Target, load_evidence
+from sweeper.judge import modes as fm
+from sweeper.spec.matrix import load_matrix
+from sweeper.spec.suite import Suite, load_suite
+from sweeper.store import frames as analysis
+from sweeper.store.catalogue import CATALOGUE
+from sweeper.store.location import Location
+from sweeper.store.manifest import SweepManifest
+from sweeper.store.run_folder import CELL_SCHEMA, SAMPLE_SCHEMA, Damage, RunDir, table
 
 SHAS = [f"{i:040x}" for i in range(1, 5)]
 
@@ -166,7 +166,7 @@ def test_files_moved_aside_leave_the_catalogue(bisected: tuple[list[Target], Sui
 
 
 def test_a_probe_table_is_catalogued(tmp_path: Path) -> None:
-    from sweeper.store import PROBE_SCHEMA
+    from sweeper.store.run_folder import PROBE_SCHEMA
 
     run = RunDir(tmp_path / "runs" / "b")
     run.write_table("probes/p1.parquet", table([{"run_id": "b", "probe": 1, "settings_key": "s", "commit_sha": "x"}],

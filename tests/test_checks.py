@@ -7,8 +7,16 @@ from typing import Any
 
 import pytest
 
-from sweeper.checks import CHECKS, DETAIL_MAX, Exchange, parse_spec, run_check, run_checks, transport_label
-from sweeper.status import Transport
+from sweeper.judge.status import Transport
+from sweeper.spec.checks import (
+    CHECKS,
+    DETAIL_MAX,
+    Exchange,
+    parse_spec,
+    run_check,
+    run_checks,
+    transport_label,
+)
 
 SCHEMA = {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "integer"}}},
           "required": ["items"]}
@@ -158,7 +166,7 @@ def test_spec_defaults_and_json_form() -> None:
 
 
 def test_validators_are_cached_by_schema_content() -> None:
-    from sweeper import checks
+    from sweeper.spec import checks
     spec = parse_spec("json_schema", None)
     run_check(spec, ok('{"items": []}'))
     before = len(checks._validators)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from sweeper import cost
-from sweeper.cost import Measured, Profile, estimate, learn, profile_for
-from sweeper.matrix import Matrix, load_matrix
-from sweeper.sweep import stated_profile
+from sweeper.drivers.sweep import stated_profile
+from sweeper.plan import cost
+from sweeper.plan.cost import Measured, Profile, estimate, learn, profile_for
+from sweeper.spec.matrix import Matrix, load_matrix
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = "cases: [{id: a, body: {messages: [{role: user, content: hi}]}}]\n"

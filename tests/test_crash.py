@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sweeper import vllm
-from sweeper.bisect import modes as fm
+from sweeper.judge import modes as fm
 from sweeper.vllm import crash
 
 DATA = Path(__file__).parent / "data" / "vllm"

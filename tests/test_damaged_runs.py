@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import make_sim_repo, run_cli
 
-from sweeper import analysis
-from sweeper.store import RunDir
+from sweeper.store import frames as analysis
+from sweeper.store.run_folder import RunDir
 
 COMMITS = ["c0", "c1"]
 ROWS = len(COMMITS) * 2 * 2 * 3  # commits x spec methods x cases x repeats
@@ -30,8 +30,8 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(matrix file, runs folder with run `r`): 2 commits x 2 spec methods = 4 server groups."""
     from conftest import SUITE
 
-    from sweeper.executor import choose
-    from sweeper.sweep import run_matrix
+    from sweeper.drivers.sweep import run_matrix
+    from sweeper.execute.executor import choose
 
     tmp = tmp_path_factory.mktemp("made")
     (tmp / "tiny.yaml").write_text(SUITE)

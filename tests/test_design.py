@@ -2,7 +2,7 @@
 cell of the expanded matrix holds is held by a chosen cell, every chosen cell is one of the matrix's
 (nothing its exclude rules remove), and each chosen server runs all of its request-axis cells.
 
-The enumeration here is written apart from `sweeper.design`'s own, so a fault there is not
+The enumeration here is written apart from `sweeper.plan.design`'s own, so a fault there is not
 repeated in the check."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from sweeper.design import Design, choose
-from sweeper.matrix import Cell, DesignSpec, Matrix, canonical, load_matrix
+from sweeper.plan.design import Design, choose
+from sweeper.spec.matrix import Cell, DesignSpec, Matrix, canonical, load_matrix
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = "cases: [{id: a, body: {messages: [{role: user, content: hi}]}}]\n"

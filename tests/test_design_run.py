@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 from conftest import make_sim_repo, run_cli
 
-from sweeper import analysis, cost
-from sweeper.design import choose
+from sweeper.drivers.sweep import run_matrix, stated_profile
 from sweeper.errors import StoreError
-from sweeper.executor import choose as executor
-from sweeper.matrix import DesignSpec, load_matrix
-from sweeper.records import SweepManifest
-from sweeper.sweep import run_matrix, stated_profile
+from sweeper.execute.executor import choose as executor
+from sweeper.plan import cost
+from sweeper.plan.design import choose
+from sweeper.spec.matrix import DesignSpec, load_matrix
+from sweeper.store import frames as analysis
+from sweeper.store.manifest import SweepManifest
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from sweeper import environments, gitrepo
-from sweeper.environments import Installed, clear, evict, in_use, list_environments, prepare
 from sweeper.errors import InstallError
+from sweeper.install import cache as environments
+from sweeper.install import git as gitrepo
 from sweeper.install import steps
-from sweeper.matrix import Install
+from sweeper.install.cache import Installed, clear, evict, in_use, list_environments, prepare
+from sweeper.spec.matrix import Install
 
 needs_uv = pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not on PATH")
 

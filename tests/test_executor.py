@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from conftest import make_sim_repo, run_cli
 
-from sweeper import analysis
 from sweeper.errors import ClusterError
-from sweeper.executor import choose
-from sweeper.inprocess import InProcess, deal_devices
-from sweeper.matrix import load_matrix
-from sweeper.store import RunDir
+from sweeper.execute.executor import choose
+from sweeper.execute.inprocess import InProcess, deal_devices
+from sweeper.spec.matrix import load_matrix
+from sweeper.store import frames as analysis
+from sweeper.store.run_folder import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,7 +78,7 @@ def test_a_clusters_slots_are_its_capacity_not_what_is_free_this_instant(tmp_pat
     tasks' GPUs as taken, and a round planned on the free ones ran one server at a time."""
     import ray
 
-    from sweeper.cluster import Cluster
+    from sweeper.execute.ray_executor import Cluster
 
     release = tmp_path / "release"
 

@@ -1,4 +1,4 @@
-"""`sweeper.explain`: planted conjunctions found with the right evidence — on samples tables built here
+"""`sweeper.judge.explain`: planted conjunctions found with the right evidence — on samples tables built here
 (exact counts), on a simulated history run through the real sweep, and on the demo run."""
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ import pytest
 from conftest import make_sim_repo
 from scipy.stats import fisher_exact
 
-from sweeper import analysis, explain, report
-from sweeper.executor import choose
-from sweeper.explain import Verdict
-from sweeper.store import RunDir
-from sweeper.suite import Suite, load_suite
-from sweeper.sweep import run_matrix
+from sweeper.drivers.sweep import run_matrix
+from sweeper.execute.executor import choose
+from sweeper.judge import explain
+from sweeper.judge.explain import Verdict
+from sweeper.reports import tables as report
+from sweeper.spec.suite import Suite, load_suite
+from sweeper.store import frames as analysis
+from sweeper.store.run_folder import RunDir
 
 # The shared runs, made once per session (a plugin: fixtures imported per module would run per module).
 pytest_plugins = ["reportruns"]

@@ -1,4 +1,4 @@
-"""`sweeper.explain` off the clean path: failures that vary between server starts, the version's
+"""`sweeper.judge.explain` off the clean path: failures that vary between server starts, the version's
 default and include rules as levels, designs that are not a full product, failed servers as a mode,
 and the JSON form. On samples and cells tables built here (exact counts)."""
 
@@ -14,10 +14,11 @@ import pytest
 from scipy.stats import fisher_exact
 from test_explain import BUDGET, FSM, SUITE, build, only
 
-from sweeper import analysis, explain
-from sweeper.explain import Verdict
-from sweeper.explain_json import to_json
-from sweeper.suite import Suite, load_suite
+from sweeper.judge import explain
+from sweeper.judge.explain import Verdict
+from sweeper.reports.explain_json import to_json
+from sweeper.spec.suite import Suite, load_suite
+from sweeper.store import frames as analysis
 
 FSM_MODE = "finish_reason + json_schema + log_absent(Failed to advance FSM) + no_whitespace_tail"
 

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from sweeper import files, fingerprint
-from sweeper.environments import Installed
 from sweeper.errors import ConfigError
+from sweeper.execute import fingerprint
+from sweeper.install.cache import Installed
+from sweeper.store import files
 from sweeper.vllm.supported import supported_flags
 
 HELP = "usage: vllm serve [-h] [--port PORT] [--max-model-len MAX_MODEL_LEN]\n"
@@ -90,9 +91,9 @@ def umask_022() -> Iterator[None]:
 def test_every_file_of_a_run_is_readable_as_the_umask_says(tmp_path: Path, uri: bool) -> None:
     """A shared runs folder or a served report: under umask 022 each file the store writes is 0644,
     as a plain write would make it (not the 0600 of a temporary file)."""
-    from sweeper.matrix import canonical
-    from sweeper.records import SweepManifest
-    from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, RunDir, table
+    from sweeper.spec.matrix import canonical
+    from sweeper.store.manifest import SweepManifest
+    from sweeper.store.run_folder import CELL_SCHEMA, SAMPLE_SCHEMA, RunDir, table
 
     root = tmp_path / "runs" / "r"
     run = RunDir(f"file://{root}" if uri else root)

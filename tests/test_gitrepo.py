@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sweeper import gitrepo
 from sweeper.errors import GitError
+from sweeper.install import git as gitrepo
 
 
 def _git(repo: Path, *args: str) -> str:

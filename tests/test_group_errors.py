@@ -14,10 +14,11 @@ import psutil
 import pytest
 from conftest import git, make_sim_repo
 
-from sweeper import analysis, metrics
+from sweeper.drivers.sweep import run_matrix
 from sweeper.errors import MetricsError
-from sweeper.server import ServerProcess, free_port
-from sweeper.sweep import run_matrix
+from sweeper.execute import server_metrics as metrics
+from sweeper.execute.server import ServerProcess, free_port
+from sweeper.store import frames as analysis
 
 
 @pytest.mark.usefixtures("ray_cluster")
@@ -82,7 +83,7 @@ def test_a_missed_scrape_leaves_the_spec_figures_empty_and_says_why(tmp_path: Pa
 OWNER = """
 import sys, time
 from pathlib import Path
-from sweeper.server import ServerProcess
+from sweeper.execute.server import ServerProcess
 port, log = int(sys.argv[1]), Path(sys.argv[2])
 srv = ServerProcess([sys.executable, "-m", "vllmsim", "serve", "--model", "m", "--port", str(port)],
                     {}, port=port, log_path=log, startup_timeout_s=60)
@@ -239,7 +240,7 @@ def _pgid(pid: int) -> int | None:
 def test_the_folders_of_groups_whose_worker_died_are_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import tempfile
 
-    from sweeper.runner import remove_orphan_workdirs
+    from sweeper.execute.runner import remove_orphan_workdirs
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -259,7 +260,7 @@ def test_the_guard_imports_the_standard_library_only() -> None:
     the sweeper nor of site-packages may be needed to start it."""
     import ast
 
-    from sweeper import server
+    from sweeper.execute import server
 
     tree = ast.parse(server.GUARD.read_text())
     names = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)

@@ -16,15 +16,16 @@ import pytest
 import yaml
 from conftest import FAST
 
-from sweeper import analysis, install
-from sweeper.environments import list_environments
+from sweeper import install
+from sweeper.drivers.sweep import run_matrix
 from sweeper.errors import ConfigError
-from sweeper.executor import choose
+from sweeper.execute.executor import choose
 from sweeper.install import InstallKind, Recipe
+from sweeper.install.cache import list_environments
 from sweeper.install.kind import digest, settings_of, slug
 from sweeper.install.sim import COMMAND, TREE_ENV, Sim
-from sweeper.matrix import Install, load_matrix
-from sweeper.sweep import run_matrix
+from sweeper.spec.matrix import Install, load_matrix
+from sweeper.store import frames as analysis
 
 
 class Launcher(InstallKind):

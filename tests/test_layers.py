@@ -30,16 +30,16 @@ SIMULATORS = ("vllmsim",)
 
 # The readers of stored results: they read the store and call the pure core only.
 READING = frozenset({
-    "sweeper.report", "sweeper.html_report", "sweeper.bugreport", "sweeper.compare", "sweeper.analysis",
-    "sweeper.catalogue", "sweeper.explain", "sweeper.bisect.report", "sweeper.spend", "sweeper.triage_report",
+    "sweeper.reports.tables", "sweeper.reports.html", "sweeper.reports.bug", "sweeper.reports.compare", "sweeper.store.frames",
+    "sweeper.store.catalogue", "sweeper.judge.explain", "sweeper.reports.bisect", "sweeper.reports.spend", "sweeper.reports.triage",
 })
 # The shell that installs, starts processes, talks to servers or drives runs, and the CLI over it.
 EXECUTION = frozenset({
-    "sweeper.cli", "sweeper.sweep", "sweeper.preview", "sweeper.runs", "sweeper.bisect.driver",
-    "sweeper.executor", "sweeper.cluster", "sweeper.inprocess", "sweeper.runner", "sweeper.server",
-    "sweeper.replay", "sweeper.metrics", "sweeper.environments", "sweeper.fingerprint", "sweeper.gitrepo",
-    "sweeper.history", "sweeper.repos", "sweeper.portable", "sweeper.tinymodel", "sweeper.vllm.supported",
-    "sweeper.guard", "sweeper.transport", "sweeper.bisect.evidence", "sweeper.rounds", "sweeper.triage",
+    "sweeper.cli", "sweeper.drivers.sweep", "sweeper.reports.preview", "sweeper.drivers.runs", "sweeper.drivers.bisect",
+    "sweeper.execute.executor", "sweeper.execute.ray_executor", "sweeper.execute.inprocess", "sweeper.execute.runner", "sweeper.execute.server",
+    "sweeper.execute.replay", "sweeper.execute.server_metrics", "sweeper.install.cache", "sweeper.execute.fingerprint", "sweeper.install.git",
+    "sweeper.install.history", "sweeper.install.repository", "sweeper.install.portable", "sweeper.execute.tinymodel", "sweeper.vllm.supported",
+    "sweeper.execute.guard", "sweeper.execute.transport", "sweeper.drivers.bisect_evidence", "sweeper.execute.rounds", "sweeper.drivers.triage",
 })
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from sweeper.errors import ConfigError
-from sweeper.matrix import expand_combinations, load_matrix, parse_matrix
-from sweeper.yamlfile import load
+from sweeper.spec.matrix import expand_combinations, load_matrix, parse_matrix
+from sweeper.spec.yamlfile import load
 
 A = [("os", ["linux", "windows"]), ("py", ["3.11", "3.12"])]
 

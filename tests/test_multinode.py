@@ -25,8 +25,8 @@ from conftest import git, make_sim_repo
 from multinode import NamespacedCluster, free_port, unshare_refused
 from objectstore import BUCKET, names, s3fs
 
-from sweeper import analysis
-from sweeper.store import RunDir
+from sweeper.store import frames as analysis
+from sweeper.store.run_folder import RunDir
 
 # The full tier: several Ray nodes in namespaces.
 pytestmark = pytest.mark.full

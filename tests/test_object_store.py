@@ -2,7 +2,7 @@
 (moto's standalone server, started and stopped here; the clients are the real pyarrow ones).
 
 A sweep writes there, is killed mid-way, is resumed exactly once, and is then read back by
-`sweep report`, `sweeper.analysis`, bisect's reuse of stored samples, and pandas through pyarrow's
+`sweep report`, `sweeper.store.frames`, bisect's reuse of stored samples, and pandas through pyarrow's
 S3 filesystem.
 """
 
@@ -47,14 +47,14 @@ def sim_servers_of(tmp_path: Path) -> list[int]:
 
 @pytest.mark.timeout(600)
 def test_a_run_in_s3_killed_resumed_and_read_back(s3: dict[str, str], tmp_path: Path, tiny_suite: Path) -> None:
-    from sweeper import analysis
-    from sweeper.bisect import modes as fm
-    from sweeper.bisect.evidence import Target, load_evidence
     from sweeper.bisect.select import select_cells
-    from sweeper.catalogue import RunCatalogue
-    from sweeper.matrix import load_matrix
-    from sweeper.store import RunDir
-    from sweeper.suite import load_suite
+    from sweeper.drivers.bisect_evidence import Target, load_evidence
+    from sweeper.judge import modes as fm
+    from sweeper.spec.matrix import load_matrix
+    from sweeper.spec.suite import load_suite
+    from sweeper.store import frames as analysis
+    from sweeper.store.catalogue import RunCatalogue
+    from sweeper.store.run_folder import RunDir
 
     repo = tmp_path / "vllm"
     history = [(f"c{i}", {"token_latency_s": 0.01}) for i in range(6)]
@@ -118,7 +118,7 @@ def test_a_run_in_s3_killed_resumed_and_read_back(s3: dict[str, str], tmp_path: 
     out, err = proc.communicate(timeout=120)
     assert (proc.returncode, out, err) == (0, "run r: sound (12 groups)\n", "")
 
-    # sweeper.analysis, from the URI (with its endpoint in the query, which is never shown).
+    # sweeper.store.frames, from the URI (with its endpoint in the query, which is never shown).
     uri = f"s3://{BUCKET}/team/runs?endpoint_override=127.0.0.1:{s3['port']}&scheme=http"
     run = analysis.latest_run(uri)
     assert run.run_id == "r" and run.uri == f"{runs}/r" and run == RunDir(f"{runs}/r")

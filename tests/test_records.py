@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from conftest import SUITE, make_sim_repo, run_cli
 
-from sweeper import report
 from sweeper.errors import StoreError
-from sweeper.records import (
+from sweeper.reports import tables as report
+from sweeper.store.manifest import (
     VERSION,
     BisectManifest,
     CostRecord,
@@ -28,7 +28,15 @@ from sweeper.records import (
     from_json,
     to_json,
 )
-from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, SCHEMA_VERSION, DamagedManifest, RunDir, open_run, table
+from sweeper.store.run_folder import (
+    CELL_SCHEMA,
+    SAMPLE_SCHEMA,
+    SCHEMA_VERSION,
+    DamagedManifest,
+    RunDir,
+    open_run,
+    table,
+)
 
 DATA = Path(__file__).parent / "data" / "manifests"
 
@@ -180,7 +188,7 @@ def test_the_cells_files_record_the_manifest_but_the_matrix(tmp_path: Path) -> N
 
 def test_a_sweep_records_its_commits_in_history_order(tmp_path: Path) -> None:
     """The plan learns the refs' order from the repository, so a reader needs no git."""
-    from sweeper.sweep import make_plan
+    from sweeper.drivers.sweep import make_plan
 
     (tmp_path / "tiny.yaml").write_text(SUITE)
     make_sim_repo(tmp_path / "vllm", [("v0.27.0", {}), ("v0.28.0", {}), ("main", {})])

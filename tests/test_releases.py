@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 import yaml
 
-from sweeper.bisect.driver import BisectOptions, BisectScope, run_bisect
-from sweeper.bisect.report import render
+from sweeper.drivers.bisect import BisectOptions, BisectScope, run_bisect
+from sweeper.drivers.sweep import make_plan
 from sweeper.errors import BisectError
-from sweeper.history import history_for, index_versions
-from sweeper.matrix import Install, load_matrix
-from sweeper.sweep import make_plan
+from sweeper.install.history import history_for, index_versions
+from sweeper.reports.bisect import render
+from sweeper.spec.matrix import Install, load_matrix
 
 CLI = '''import os, sys
 from pathlib import Path

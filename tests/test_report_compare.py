@@ -11,11 +11,11 @@ import pyarrow.compute as pc
 import pytest
 from typer.testing import CliRunner
 
-from sweeper import analysis
 from sweeper.cli import app
-from sweeper.compare import newcombe
-from sweeper.records import SweepManifest
-from sweeper.store import RunDir, open_run
+from sweeper.reports.compare import newcombe
+from sweeper.store import frames as analysis
+from sweeper.store.manifest import SweepManifest
+from sweeper.store.run_folder import RunDir, open_run
 
 # The shared runs, made once per session (a plugin: fixtures imported per module would run per module).
 pytest_plugins = ["reportruns"]
@@ -93,7 +93,7 @@ def test_flags_are_corrected_for_the_cells_compared() -> None:
     """12/50 vs 3/50 is p ≈ 0.02 on its own; among ten cells Benjamini–Hochberg does not flag it."""
     import pandas as pd
 
-    from sweeper.compare import compare
+    from sweeper.reports.compare import compare
 
     def cells(rates: list[tuple[int, int]]) -> pd.DataFrame:
         return pd.DataFrame([{"cell_id": f"c{i}", "status": "ok", "n_failed": k, "n_samples": n,

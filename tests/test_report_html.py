@@ -21,9 +21,12 @@ from PIL import Image
 from reportruns import TOKEN, TOKEN_AXIS
 from typer.testing import CliRunner
 
-from sweeper import analysis, bugreport, html_report, report
 from sweeper.cli import app
-from sweeper.store import RunDir
+from sweeper.reports import bug as bugreport
+from sweeper.reports import html as html_report
+from sweeper.reports import tables as report
+from sweeper.store import frames as analysis
+from sweeper.store.run_folder import RunDir
 
 # The shared runs, made once per session (a plugin: fixtures imported per module would run per module).
 pytest_plugins = ["reportruns"]
@@ -182,7 +185,7 @@ def test_html_is_self_contained_and_keeps_secrets(secret_run: RunDir, tmp_path: 
 
 @needs_browser
 def test_a_bisect_run_shows_its_changes_and_probes(ray_cluster: None, demo_run: RunDir, tmp_path: Path) -> None:
-    from sweeper.bisect import driver
+    from sweeper.drivers import bisect as driver
 
     scope = driver.BisectScope(good="v0.28.0", bad="main",
                                matrix_path=Path(__file__).parent.parent / "matrices" / "demo.yaml",

@@ -18,11 +18,12 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import run_cli
 
-from sweeper import analysis, runs
-from sweeper.bisect.report import render
-from sweeper.matrix import canonical
-from sweeper.records import BisectManifest, SweepManifest
-from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, RunDir, table
+from sweeper.drivers import runs
+from sweeper.reports.bisect import render
+from sweeper.spec.matrix import canonical
+from sweeper.store import frames as analysis
+from sweeper.store.manifest import BisectManifest, SweepManifest
+from sweeper.store.run_folder import CELL_SCHEMA, SAMPLE_SCHEMA, RunDir, table
 
 # The shared demo run, in process (made once per test run).
 pytest_plugins = ["reportruns"]
@@ -267,7 +268,7 @@ def test_report_on_a_bisect_run_prints_its_verdict(tmp_path: Path, capsys: pytes
 def test_the_heatmap_scale_comes_from_the_data_with_a_labelled_bar(tmp_path: Path) -> None:
     """30 % at most: the colour bar runs 0–30 %, labelled, so that 30 % is a full colour, not a pale one."""
     run = write_sweep(tmp_path, "demo", "2026-01-01T00:00:00+00:00")
-    from sweeper import report
+    from sweeper.reports import tables as report
 
     counts = analysis.failure_counts(run, ["commit", "spec_method"])
     path = report.heatmap(counts, ["commit"], ["spec_method"], tmp_path / "h.svg", orders=report.run_orders(run))
@@ -344,8 +345,8 @@ def test_the_demos_end_of_run_table_fits_100_columns_piped(demo_run: RunDir, dem
 def test_a_bisect_of_one_start_a_round_says_so_in_the_singular(tmp_path: Path, tiny_suite: Path) -> None:
     from conftest import crash_history
 
-    from sweeper.bisect.driver import BisectOptions, BisectScope, run_bisect
-    from sweeper.executor import choose
+    from sweeper.drivers.bisect import BisectOptions, BisectScope, run_bisect
+    from sweeper.execute.executor import choose
 
     crash_history(tmp_path, tiny_suite, 2, crash_from=1, after_requests=1)
     events: list[str] = []

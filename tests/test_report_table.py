@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from sweeper.matrix import canonical
-from sweeper.records import SweepManifest
-from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, RunDir, table
+from sweeper.spec.matrix import canonical
+from sweeper.store.manifest import SweepManifest
+from sweeper.store.run_folder import CELL_SCHEMA, SAMPLE_SCHEMA, RunDir, table
 
 CELLS = 250
 

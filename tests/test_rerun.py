@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import make_sim_repo, run_cli
 
-from sweeper import analysis
-from sweeper.records import SweepManifest
-from sweeper.store import RunDir
+from sweeper.store import frames as analysis
+from sweeper.store.manifest import SweepManifest
+from sweeper.store.run_folder import RunDir
 
 FLAKY: dict[str, object] = {}  # c1 changes nothing: the rows tell the runs apart, not the rates
 

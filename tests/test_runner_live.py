@@ -15,14 +15,14 @@ import psutil
 import pytest
 from conftest import make_sim_repo
 
-from sweeper import analysis
+from sweeper.drivers.sweep import jobs_for, make_plan
+from sweeper.execute.replay import Reply, Request
+from sweeper.execute.runner import GroupJob, _CellBase, _LiveJudge, build_requests, run_group
+from sweeper.execute.server import ServerProcess, free_port, new_api_key
 from sweeper.install.sim import COMMAND
-from sweeper.replay import Reply, Request
-from sweeper.runner import GroupJob, _CellBase, _LiveJudge, build_requests, run_group
-from sweeper.server import ServerProcess, free_port, new_api_key
-from sweeper.status import Status
-from sweeper.store import open_run
-from sweeper.sweep import jobs_for, make_plan
+from sweeper.judge.status import Status
+from sweeper.store import frames as analysis
+from sweeper.store.run_folder import open_run
 
 FSM = "ERROR 11-29 08:16:41 [backend_xgrammar.py:167] Failed to advance FSM for request chatcmpl-{rid}-94bfdfc6 for tokens 7."
 

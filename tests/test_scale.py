@@ -18,7 +18,7 @@ import httpx
 import pytest
 import yaml
 
-from sweeper.replay import Request, run_replay
+from sweeper.execute.replay import Request, run_replay
 
 SIM = [sys.executable, "-m", "vllmsim"]
 
@@ -83,8 +83,8 @@ print({{"help": {HELP!r}}}.get("help") if "--help" in sys.argv else '{{"torch": 
 """
 CALLER = """
 import json, sys
-from sweeper.environments import Installed
-from sweeper import fingerprint
+from sweeper.install.cache import Installed
+from sweeper.execute import fingerprint
 from sweeper.vllm.supported import supported_flags
 fake, root = sys.argv[1], sys.argv[2]
 inst = Installed(commit="c", sha=None, kind="preinstalled", launch=(fake,), python=fake, root=root)
@@ -121,7 +121,7 @@ def test_concurrent_groups_ask_one_environment_once(tmp_path: Path) -> None:
 RAY_SCRIPT = """
 import json, os, sys, time
 import psutil, ray
-from sweeper.cluster import Cluster
+from sweeper.execute.ray_executor import Cluster
 from sweeper.errors import ClusterError
 
 mode = sys.argv[1]

@@ -90,7 +90,7 @@ def test_a_linear_drift_is_flagged_instead_of_a_staircase() -> None:
     # No confident steps inside the ramp.
     assert not [c for c in mode.changes if c.found and 32 <= int(c.commit[1:]) <= 50]
     # bisect.json names the drift and the text says it.
-    from sweeper.bisect.report import ReportCell, describe, named_commits, render
+    from sweeper.reports.bisect import ReportCell, describe, named_commits, render
 
     info = {c: {"sha": c, "short": c, "subject": c, "pr": None, "date": None} for c in named_commits([rep])}
     summary = describe([rep], [ReportCell({}, "(the only cell)", "")], commits(80), info)

@@ -1,4 +1,4 @@
-"""The stopping rule of adaptive cells (sweeper.sequential), on data it did not generate."""
+"""The stopping rule of adaptive cells (sweeper.judge.sequential), on data it did not generate."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from sweeper.sequential import Rule, Stop, Verdict, confidence_sequence, interleave, run
+from sweeper.judge.sequential import Rule, Stop, Verdict, confidence_sequence, interleave, run
 
 
 def test_clean_after_the_fewest_clean_samples_that_settle_it() -> None:
@@ -97,7 +97,7 @@ def test_error_rates_hold_under_optional_stopping() -> None:
 def test_a_fixed_sample_test_peeked_at_is_what_the_rule_avoids() -> None:
     # The contrast that makes the previous test meaningful: a one-sided Wilson test of "rate above
     # 2 %" at 95 %, looked at after every round, calls far more than 5 % of 2 %-cells failing.
-    from sweeper.stats import wilson
+    from sweeper.judge.stats import wilson
 
     rng = random.Random(3)
     peeked_failing = 0

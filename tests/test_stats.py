@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from sweeper.stats import kl_bernoulli, samples_to_decide, wilson, z_for
+from sweeper.judge.stats import kl_bernoulli, samples_to_decide, wilson, z_for
 
 
 def test_wilson() -> None:

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from sweeper.checks import Exchange, parse_spec, request_schema, request_tools, run_check, schema_problem
 from sweeper.errors import ConfigError
-from sweeper.suite import expand, load_suite
+from sweeper.spec.checks import Exchange, parse_spec, request_schema, request_tools, run_check, schema_problem
+from sweeper.spec.suite import expand, load_suite
 
 SUITES = Path(__file__).resolve().parent.parent / "suites"
 

@@ -17,10 +17,11 @@ import psutil
 import pytest
 from conftest import make_sim_repo, wait_for_files
 
-from sweeper import analysis, cluster
-from sweeper.server import ServerProcess
-from sweeper.store import RunDir
-from sweeper.sweep import run_matrix
+from sweeper.drivers.sweep import run_matrix
+from sweeper.execute import ray_executor as cluster
+from sweeper.execute.server import ServerProcess
+from sweeper.store import frames as analysis
+from sweeper.store.run_folder import RunDir
 
 STRICT_FSM = {"effect": "fsm_whitespace", "when": {"spec_method": ["mtp"], "strict_tool_calling": True}, "rate": 0.5}
 
@@ -269,7 +270,7 @@ def run_notebook(path: Path, run_dir: Path, env: dict[str, str] | None = None) -
 
 def test_the_notebook_finds_the_runs_where_the_cli_does(tmp_path: Path, tiny_suite: Path) -> None:
     """SWEEP_RUNS_DIR, the variable of every command's --runs-dir, is the notebook's too."""
-    from sweeper.executor import choose
+    from sweeper.execute.executor import choose
 
     repo = tmp_path / "vllm"
     make_sim_repo(repo, [("main", {})])
@@ -285,9 +286,9 @@ def test_the_notebook_finds_the_runs_where_the_cli_does(tmp_path: Path, tiny_sui
 def test_a_crash_on_the_last_request_is_a_crash(tmp_path: Path, tiny_suite: Path) -> None:
     """The server answers the last request with a 500 and exits just after: the replay is over by
     then, and the group is still a crash, not a run with a few server errors."""
-    from sweeper.runner import run_group
-    from sweeper.store import open_run
-    from sweeper.sweep import jobs_for, make_plan
+    from sweeper.drivers.sweep import jobs_for, make_plan
+    from sweeper.execute.runner import run_group
+    from sweeper.store.run_folder import open_run
 
     repo = tmp_path / "vllm"
     make_sim_repo(repo, [("crash-last", {"bugs": [{"effect": "crash", "after_requests": 5}]})])
@@ -310,9 +311,9 @@ def test_a_crash_on_the_last_request_is_a_crash(tmp_path: Path, tiny_suite: Path
 def test_an_engine_that_died_is_a_crash_while_the_server_still_runs(tmp_path: Path, tiny_suite: Path) -> None:
     """vLLM's API server outlives its engine for a while (it answers 500 to everything, then shuts
     down): the log and the answers say the engine died, whether the process has exited yet or not."""
-    from sweeper.runner import run_group
-    from sweeper.store import open_run
-    from sweeper.sweep import jobs_for, make_plan
+    from sweeper.drivers.sweep import jobs_for, make_plan
+    from sweeper.execute.runner import run_group
+    from sweeper.store.run_folder import open_run
 
     repo = tmp_path / "vllm"
     bug = {"effect": "crash", "after_requests": 1, "exit_after_s": 120, "when": {"spec_method": ["ngram"]},

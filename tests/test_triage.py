@@ -26,21 +26,21 @@ import pytest
 import yaml
 from conftest import make_sim_repo, run_cli, starts_in_logs
 
-from sweeper import analysis
-from sweeper.bisect.driver import BisectOptions, BisectScope, Subject, bisect_cells
+from sweeper.drivers.bisect import BisectOptions, BisectScope, Subject, bisect_cells
+from sweeper.drivers.sweep import run_matrix
+from sweeper.drivers.triage import TriageOptions, TriageScope, cheapest_cells, run_triage
 from sweeper.errors import StoreError
-from sweeper.executor import choose
-from sweeper.explain import Count, ModeExplanation, Term, Verdict
-from sweeper.matrix import load_matrix
-from sweeper.matrix_slice import Slice, at_commit
-from sweeper.matrix_slice import apply as apply_slice
-from sweeper.server import ServerProcess, free_port
-from sweeper.store import RunDir
-from sweeper.suite import load_suites
-from sweeper.sweep import run_matrix
-from sweeper.triage import TriageOptions, TriageScope, cheapest_cells, run_triage
-from sweeper.triage_record import Mode, Phase, TriageRecord, from_json, to_json
-from sweeper.yamlfile import load
+from sweeper.execute.executor import choose
+from sweeper.execute.server import ServerProcess, free_port
+from sweeper.judge.explain import Count, ModeExplanation, Term, Verdict
+from sweeper.spec.matrix import load_matrix
+from sweeper.spec.matrix_slice import Slice, at_commit
+from sweeper.spec.matrix_slice import apply as apply_slice
+from sweeper.spec.suite import load_suites
+from sweeper.spec.yamlfile import load
+from sweeper.store import frames as analysis
+from sweeper.store.run_folder import RunDir
+from sweeper.store.triage_record import Mode, Phase, TriageRecord, from_json, to_json
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -446,9 +446,9 @@ def test_the_zoom_under_a_budget_pays_the_design_and_every_earlier_zoom_phase(
     """A triage's zoom hook prices a zoom phase's servers beside those the sweep has planned already
     (the design's, earlier zoom phases'): a second phase gets only what the first left, and a commit
     the design installed is not paid for again."""
-    from sweeper.design import DesignSpec
-    from sweeper.sweep import make_plan
-    from sweeper.triage import Triage
+    from sweeper.drivers.sweep import make_plan
+    from sweeper.drivers.triage import Triage
+    from sweeper.plan.design import DesignSpec
 
     root, _ = planted
     # Three axes of 3 x 2 x 2 at one commit: a covering of strength 2 leaves servers for a zoom.

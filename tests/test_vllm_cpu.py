@@ -18,10 +18,12 @@ from typing import Any
 import httpx
 import pytest
 
-from sweeper import environments, fingerprint, vllm
-from sweeper.matrix import Cell, load_matrix
-from sweeper.server import ServerProcess, free_port, new_api_key
-from sweeper.tinymodel import build_tiny_model
+from sweeper import vllm
+from sweeper.execute import fingerprint
+from sweeper.execute.server import ServerProcess, free_port, new_api_key
+from sweeper.execute.tinymodel import build_tiny_model
+from sweeper.install import cache as environments
+from sweeper.spec.matrix import Cell, load_matrix
 from sweeper.vllm.supported import FLAGS_FILE, supported_flags
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -125,8 +127,8 @@ def runner_rows(installed, model, work) -> dict[str, tuple[dict[str, Any], list[
     vLLM refuses (async scheduling with ngram). Per cell: its row, its samples, its server's log. The
     ngram start serves the effective-config, metrics and request-log test too: a CPU vLLM start is
     about a minute."""
-    from sweeper.runner import GroupJob, run_group
-    from sweeper.suite import load_suites
+    from sweeper.execute.runner import GroupJob, run_group
+    from sweeper.spec.suite import load_suites
 
     with pytest.MonkeyPatch.context() as mp:
         for var, sub in (("VLLM_CACHE_ROOT", "vllm"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TMPDIR", "tmp")):
@@ -235,8 +237,8 @@ def test_real_releases_crash_budget_and_draft_model(model, work, monkeypatch) ->
     0.30.0 (a `crashed` cell with vLLM's root cause; that it serves on 0.32.0 is the runner test's
     cell above); on 0.32.0 the tiny model as its own draft (`draft_model`) breaks the thinking
     budget, which holds without speculation."""
-    from sweeper.runner import GroupJob, run_group
-    from sweeper.suite import load_suites
+    from sweeper.execute.runner import GroupJob, run_group
+    from sweeper.spec.suite import load_suites
 
     scratch = work / "releases"
     for var, sub in (("VLLM_CACHE_ROOT", "vllm"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TMPDIR", "tmp")):

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from sweeper import metrics
-from sweeper.environments import Installed
 from sweeper.errors import ConfigError
-from sweeper.matrix import Install, MatrixFile, make_cell
+from sweeper.execute import server_metrics as metrics
+from sweeper.install.cache import Installed
+from sweeper.spec.matrix import Install, MatrixFile, make_cell
 from sweeper.vllm import (
     FlagSet,
     diff,

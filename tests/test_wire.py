@@ -22,10 +22,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sweeper.checks import Exchange, clip, parse_spec, run_checks
-from sweeper.replay import Reply, Request, run_replay
-from sweeper.server import free_port
-from sweeper.status import Transport
+from sweeper.execute.replay import Reply, Request, run_replay
+from sweeper.execute.server import free_port
+from sweeper.judge.status import Transport
+from sweeper.spec.checks import Exchange, clip, parse_spec, run_checks
 
 WIRE_SERVER = Path(__file__).with_name("wireserver.py")
 CHECKS = [parse_spec("http_ok", None), parse_spec("finish_reason", None), parse_spec("content_nonempty", None)]
@@ -167,7 +167,7 @@ def test_an_error_status_with_an_html_page_says_what_came(wire: str) -> None:
 
 MEASURE = textwrap.dedent("""
     import json, resource, sys
-    from sweeper.replay import Request, run_replay
+    from sweeper.execute.replay import Request, run_replay
 
     url, cap, timeout = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
     def send(behaviour):
@@ -195,8 +195,8 @@ def test_an_endless_body_is_read_only_up_to_the_cap(wire: str) -> None:
 
 
 def test_samples_written_before_the_transport_column_still_read(tmp_path: Path) -> None:
-    from sweeper.analysis import load_table
-    from sweeper.store import CELL_SCHEMA, SAMPLE_SCHEMA, open_run, parquet_bytes, table
+    from sweeper.store.frames import load_table
+    from sweeper.store.run_folder import CELL_SCHEMA, SAMPLE_SCHEMA, open_run, parquet_bytes, table
 
     # A samples file as the sweeper wrote it before the column: schema version 1, no `transport`.
     old_schema = pa.schema([f for f in SAMPLE_SCHEMA if f.name != "transport"],
@@ -247,9 +247,9 @@ def test_a_sweep_of_misbehaving_servers_names_each_failure(tmp_path: Path, capsy
     report's failing checks, --explain's modes and --issue name the wire failures."""
     from conftest import run_cli
 
-    from sweeper import analysis
-    from sweeper.executor import choose
-    from sweeper.sweep import run_matrix
+    from sweeper.drivers.sweep import run_matrix
+    from sweeper.execute.executor import choose
+    from sweeper.store import frames as analysis
 
     (tmp_path / "s.yaml").write_text(SUITE)
     launch = json.dumps(["{python}", str(WIRE_SERVER), "serve"])
@@ -303,9 +303,9 @@ def test_the_simulator_answers_whole_streamed_and_plain(tmp_path: Path) -> None:
     """The strict reading passes what a vLLM-like server sends: the simulator's SSE and JSON."""
     from conftest import make_sim_repo
 
-    from sweeper import analysis
-    from sweeper.executor import choose
-    from sweeper.sweep import run_matrix
+    from sweeper.drivers.sweep import run_matrix
+    from sweeper.execute.executor import choose
+    from sweeper.store import frames as analysis
 
     (tmp_path / "s.yaml").write_text(SUITE.replace("{finish_reason: {expected: stop}}",
                                                    "{finish_reason: {expected: [stop, length]}}"))

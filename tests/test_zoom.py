@@ -1,5 +1,5 @@
 """The zoom's choice of next servers, on its own: explanations as data in, servers out. Every need
-is checked here by enumerating the matrix's servers, apart from `sweeper.zoom`'s own bookkeeping."""
+is checked here by enumerating the matrix's servers, apart from `sweeper.plan.zoom`'s own bookkeeping."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
-from sweeper.explain import Count, ModeExplanation, Term, Verdict
-from sweeper.matrix import Matrix, ServerGroup, load_matrix
-from sweeper.zoom import Candidate, Status, levels_of, step
+from sweeper.judge.explain import Count, ModeExplanation, Term, Verdict
+from sweeper.plan.zoom import Candidate, Status, levels_of, step
+from sweeper.spec.matrix import Matrix, ServerGroup, load_matrix
 
 SUITE = "cases: [{id: a, body: {messages: [{role: user, content: hi}]}}]\n"
 MATRIX = """model: m

@@ -11,16 +11,17 @@ from pathlib import Path
 import pytest
 from conftest import make_sim_repo, run_cli, starts_in_logs
 
-from sweeper import analysis, report
-from sweeper.design import choose
-from sweeper.executor import choose as executor
-from sweeper.explain import Verdict
-from sweeper.matrix import DesignSpec, load_matrix
-from sweeper.matrix_slice import Slice
-from sweeper.records import PhaseRecord, SweepManifest, from_json, phases_of
-from sweeper.store import RunDir
-from sweeper.sweep import ZoomOptions, run_matrix
-from sweeper.zoom import Status
+from sweeper.drivers.sweep import ZoomOptions, run_matrix
+from sweeper.execute.executor import choose as executor
+from sweeper.judge.explain import Verdict
+from sweeper.plan.design import choose
+from sweeper.plan.zoom import Status
+from sweeper.reports import tables as report
+from sweeper.spec.matrix import DesignSpec, load_matrix
+from sweeper.spec.matrix_slice import Slice
+from sweeper.store import frames as analysis
+from sweeper.store.manifest import PhaseRecord, SweepManifest, from_json, phases_of
+from sweeper.store.run_folder import RunDir
 
 BUG = {"bugs": [{"id": "fsm", "effect": "fsm_whitespace", "rate": 1.0,
                  "when": {"attention_backend": "TRITON_ATTN", "dtype": "float16"}}]}
@@ -145,7 +146,7 @@ def test_a_budget_leaves_the_zoom_what_the_design_did_not_spend(tmp_path: Path, 
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     """`--budget` with a covering design: the design's servers are fitted first, and the zoom after it
     runs the most informative servers the rest still covers; the report says so."""
-    from sweeper.sweep import make_plan
+    from sweeper.drivers.sweep import make_plan
 
     repo = tmp_path / "vllm"
     make_sim_repo(repo, [("main", BUG)])

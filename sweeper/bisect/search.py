@@ -2,7 +2,7 @@
 
 Candidates are first-parent commits c_0 (the good endpoint) ... c_N (the bad endpoint), oldest
 first. One probe is one server start at one commit replaying the suite: it reports how many of
-its samples fell into each failure mode (`sweeper.bisect.modes`), so a single probe informs every
+its samples fell into each failure mode (`sweeper.judge.modes`), so a single probe informs every
 mode at once. The caller drives the search with an ask/tell loop and decides how probes run:
 
     search = Search(commits, SearchOptions(confidence=0.99))
@@ -101,7 +101,7 @@ from scipy.stats import binom
 from sweeper.bisect.drift import Drift, PointCounts, find_drifts
 from sweeper.bisect.segments import ModePosterior, Prior, Rate, Start, posterior
 from sweeper.errors import BisectError
-from sweeper.stats import samples_to_decide, wilson
+from sweeper.judge.stats import samples_to_decide, wilson
 
 SPREAD_FLOOR = 0.05  # a gap's P(change) that counts it in a run of small steps (`_drift_candidates`)
 
@@ -162,7 +162,7 @@ class SearchOptions:
     # 10x the samples of a 3x one, so sizing for 3x left small steps unseen.
     min_contrast: float = 1.3
     # GPU-seconds of one server start and one request (the install kind's cost profile,
-    # `sweeper.cost`): they set how many samples one start gets before another start is cheaper.
+    # `sweeper.plan.cost`): they set how many samples one start gets before another start is cheaper.
     start_s: float = 240.0
     request_s: float = 2.0
     max_gpu_s: float | None = None  # modelled GPU-seconds over the whole search

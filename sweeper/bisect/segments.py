@@ -39,7 +39,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy.special import betaln
 
-from sweeper.stats import wilson
+from sweeper.judge.stats import wilson
 
 FloatArray = npt.NDArray[np.float64]
 

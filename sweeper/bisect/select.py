@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sweeper.bisect import modes as fm
 from sweeper.errors import BisectError
-from sweeper.matrix import Cell, Matrix, canonical
+from sweeper.judge import modes as fm
+from sweeper.spec.matrix import Cell, Matrix, canonical
 
 # A cell changes when some mode's Fisher p-value, Bonferroni-corrected over the modes tried, is below this.
 ALPHA = 0.01

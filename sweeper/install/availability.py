@@ -13,7 +13,7 @@ from sweeper.install import kind_of
 from sweeper.install.kind import Availability
 
 if TYPE_CHECKING:
-    from sweeper.matrix import Install
+    from sweeper.spec.matrix import Install
 
 _PARALLEL = 8  # questions to the index at once
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from sweeper.matrix import Install
+    from sweeper.spec.matrix import Install
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class InstallKind:
     ships_repo: ClassVar[bool] = False
     # Needs no real GPU: a local executor may declare logical GPU slots for it (never for real vLLM).
     logical_gpus: ClassVar[bool] = False
-    # The stated cost where a run has measured nothing yet (`sweeper.cost`): seconds per install,
+    # The stated cost where a run has measured nothing yet (`sweeper.plan.cost`): seconds per install,
     # per server start (to healthy) and per request, for a 27B-class model on one GPU. An install is
     # a cached environment's first build on a node; a start is weights loaded, compiled, warmed up.
     cost_s: ClassVar[tuple[float, float, float]] = (90.0, 240.0, 2.0)

@@ -14,7 +14,7 @@ from sweeper.install import steps
 from sweeper.install.kind import InstallKind, Recipe, digest, settings_of, slug
 
 if TYPE_CHECKING:
-    from sweeper.matrix import Install
+    from sweeper.spec.matrix import Install
 
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 

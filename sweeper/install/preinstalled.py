@@ -13,7 +13,7 @@ from sweeper.install import steps
 from sweeper.install.kind import InstallKind, Recipe, digest, settings_of
 
 if TYPE_CHECKING:
-    from sweeper.matrix import Install
+    from sweeper.spec.matrix import Install
 
 
 class Preinstalled(InstallKind):

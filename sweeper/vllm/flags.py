@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sweeper.errors import ConfigError
-from sweeper.matrix import Cell
+from sweeper.spec.matrix import Cell
 
 # The vLLM release that introduced a flag, for a message that says which version to use.
 INTRODUCED: Mapping[str, str] = {
@@ -56,7 +56,7 @@ class Launch:
 
 
 class Program(Protocol):
-    """What starts a server: an installed environment (`sweeper.environments.Installed`), or a
+    """What starts a server: an installed environment (`sweeper.install.cache.Installed`), or a
     plain command such as the `vllm serve` a bug report shows (`Command`)."""
 
     @property

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from sweeper.matrix import Cell
+from sweeper.spec.matrix import Cell
 
 # `(APIServer pid=1) ` / `(EngineCore_DP0 pid=2) ` / `(Worker pid=3) ` then `LEVEL MM-DD HH:MM:SS [file:line] `.
 LINE = re.compile(r"^(?:\((?P<proc>[\w.-]+) pid=(?P<pid>\d+)\) )?(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) "

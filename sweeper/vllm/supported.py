@@ -11,12 +11,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sweeper import files
 from sweeper.errors import ConfigError
+from sweeper.store import files
 from sweeper.vllm.flags import FlagSet, parse_help
 
 if TYPE_CHECKING:
-    from sweeper.environments import Installed
+    from sweeper.install.cache import Installed
 
 FLAGS_FILE = "flags.json"
 HELP_TIMEOUT_S = 180.0
