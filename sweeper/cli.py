@@ -243,8 +243,8 @@ def print_wheel_checks(plan: Plan) -> None:
 
 def check_misconfiguration(plan: Plan, *, cache_dir: Path | None, strict: bool) -> None:
     """Env names and request fields vLLM would ignore: warnings on stderr, then every error on a line
-    of its own and exit 1 (`sweeper.vllm.misconfig` says which is which)."""
-    from sweeper.vllm import misconfig
+    of its own and exit 1 (`sweeper.drivers.preflight` says which is which)."""
+    from sweeper.drivers import preflight as misconfig
 
     matrix = plan.matrix
     found = misconfig.check(matrix, plan.shas, cache_dir=cache_dir, strict=strict)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sweeper.judge.status import Status
+from sweeper.spec.status import Status
 
 # An error is one line of readable size, whatever the input held: a key with newlines or a
 # megabyte value must not flood the terminal (or leak a file's contents into a log).

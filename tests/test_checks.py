@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from sweeper.judge.status import Transport
 from sweeper.spec.checks import (
     CHECKS,
     DETAIL_MAX,
@@ -17,6 +16,7 @@ from sweeper.spec.checks import (
     run_checks,
     transport_label,
 )
+from sweeper.spec.status import Transport
 
 SCHEMA = {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "integer"}}},
           "required": ["items"]}

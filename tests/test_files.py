@@ -14,8 +14,8 @@ import pytest
 from sweeper.errors import ConfigError
 from sweeper.execute import fingerprint
 from sweeper.install.cache import Installed
+from sweeper.install.supported import supported_flags
 from sweeper.store import files
-from sweeper.vllm.supported import supported_flags
 
 HELP = "usage: vllm serve [-h] [--port PORT] [--max-model-len MAX_MODEL_LEN]\n"
 

@@ -38,7 +38,7 @@ EXECUTION = frozenset({
     "sweeper.cli", "sweeper.drivers.sweep", "sweeper.reports.preview", "sweeper.drivers.runs", "sweeper.drivers.bisect",
     "sweeper.execute.executor", "sweeper.execute.ray_executor", "sweeper.execute.inprocess", "sweeper.execute.runner", "sweeper.execute.server",
     "sweeper.execute.replay", "sweeper.execute.server_metrics", "sweeper.install.cache", "sweeper.execute.fingerprint", "sweeper.install.git",
-    "sweeper.install.history", "sweeper.install.repository", "sweeper.install.portable", "sweeper.execute.tinymodel", "sweeper.vllm.supported",
+    "sweeper.install.history", "sweeper.install.repository", "sweeper.install.portable", "sweeper.execute.tinymodel", "sweeper.install.supported",
     "sweeper.execute.guard", "sweeper.execute.transport", "sweeper.drivers.bisect_evidence", "sweeper.execute.rounds", "sweeper.drivers.triage",
 })
 

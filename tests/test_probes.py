@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sweeper.execute import probes
+from sweeper.install import probes
 from sweeper.install.steps import query_version
 
 ROOT = Path(__file__).resolve().parents[1]

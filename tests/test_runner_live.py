@@ -20,7 +20,7 @@ from sweeper.execute.replay import Reply, Request
 from sweeper.execute.runner import GroupJob, _CellBase, _LiveJudge, build_requests, run_group
 from sweeper.execute.server import ServerProcess, free_port, new_api_key
 from sweeper.install.sim import COMMAND
-from sweeper.judge.status import Status
+from sweeper.spec.status import Status
 from sweeper.store import frames as analysis
 from sweeper.store.run_folder import open_run
 

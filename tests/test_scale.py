@@ -85,7 +85,7 @@ CALLER = """
 import json, sys
 from sweeper.install.cache import Installed
 from sweeper.execute import fingerprint
-from sweeper.vllm.supported import supported_flags
+from sweeper.install.supported import supported_flags
 fake, root = sys.argv[1], sys.argv[2]
 inst = Installed(commit="c", sha=None, kind="preinstalled", launch=(fake,), python=fake, root=root)
 flags = supported_flags(inst)

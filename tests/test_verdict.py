@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sweeper.judge.status import Status
 from sweeper.judge.verdict import NO_TRACEBACK, Answer, Served, StartFailed, Verdict, engine_dead, judge
+from sweeper.spec.status import Status
 from sweeper.vllm import crash
 
 DATA = Path(__file__).parent / "data"

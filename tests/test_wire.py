@@ -24,8 +24,8 @@ import pytest
 
 from sweeper.execute.replay import Reply, Request, run_replay
 from sweeper.execute.server import free_port
-from sweeper.judge.status import Transport
 from sweeper.spec.checks import Exchange, clip, parse_spec, run_checks
+from sweeper.spec.status import Transport
 
 WIRE_SERVER = Path(__file__).with_name("wireserver.py")
 CHECKS = [parse_spec("http_ok", None), parse_spec("finish_reason", None), parse_spec("content_nonempty", None)]

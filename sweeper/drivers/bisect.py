@@ -56,11 +56,11 @@ from sweeper.install.history import History, history_for
 from sweeper.install.portable import portable_spec, repo_source
 from sweeper.install.repository import repo_for
 from sweeper.judge import modes as fm
-from sweeper.judge.status import ProbeStatus
 from sweeper.plan import cost
 from sweeper.reports.bisect import ReportCell, describe, named_commits
 from sweeper.reports.bisect_progress import beliefs, round_line
 from sweeper.spec.matrix import Cell, Matrix, ServerGroup, make_cell
+from sweeper.spec.status import ProbeStatus
 from sweeper.spec.suite import Suite, load_suites
 from sweeper.store import frames as analysis
 from sweeper.store.manifest import BisectManifest, SweepManifest

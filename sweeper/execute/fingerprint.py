@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sweeper.execute import probes
+from sweeper.install import probes
 from sweeper.install.cache import Installed
 from sweeper.store import files
 

@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 
 from sweeper.execute import transport
-from sweeper.judge.status import Transport
 from sweeper.spec.matrix import DEFAULT_MAX_RESPONSE_MB
+from sweeper.spec.status import Transport
 
 
 @dataclass(frozen=True)

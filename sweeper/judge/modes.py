@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
-from sweeper.judge.status import Status
+from sweeper.spec.status import Status
 from sweeper.spec.suite import Suite
 
 _NO_ANSWER = "http_ok"

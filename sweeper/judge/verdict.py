@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sweeper.judge.status import Status
+from sweeper.spec.status import Status
 from sweeper.vllm import crash
 from sweeper.vllm.logs import failure_reason
 

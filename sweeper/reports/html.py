@@ -34,8 +34,8 @@ from sweeper.judge.explain import (
     value_text,
 )
 from sweeper.judge.stats import wilson
-from sweeper.judge.status import Status
 from sweeper.reports.bug import REDACTED, Redactor, log_lines
+from sweeper.spec.status import Status
 from sweeper.store import files
 from sweeper.store import frames as analysis
 from sweeper.store.manifest import BisectManifest, Manifest, SweepManifest

@@ -21,8 +21,8 @@ from rich.text import Text
 from sweeper.errors import SweepError, one_line
 from sweeper.install.cache_entry import EnvInfo
 from sweeper.judge.stats import wilson
-from sweeper.judge.status import Status
 from sweeper.spec.matrix import resolve_path
+from sweeper.spec.status import Status
 from sweeper.store.manifest import BisectManifest, SweepManifest
 from sweeper.store.run_folder import RunDir
 

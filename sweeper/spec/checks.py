@@ -4,7 +4,7 @@ Pure: no I/O. A check is a function of an `Exchange` (the request as sent, the H
 parsed response, transport error text and the server-log lines carrying this request's id).
 Suites name checks with parameters; `parse_spec` validates those once at load time, and
 `run_check` judges an exchange. Streams must be reassembled into the non-stream response shape
-before they reach a check. An answer that failed on the wire (`sweeper.judge.status.Transport`) fails
+before they reach a check. An answer that failed on the wire (`sweeper.spec.status.Transport`) fails
 as that: one verdict named `transport: <verdict>`, in place of the checks that read the answer.
 """
 
@@ -23,7 +23,7 @@ import jsonschema.exceptions
 import jsonschema.validators
 import referencing.exceptions
 
-from sweeper.judge.status import Transport
+from sweeper.spec.status import Transport
 
 DETAIL_MAX = 240  # characters; details land in Parquet rows and terminal tables
 

@@ -81,7 +81,7 @@ SAMPLE_SCHEMA = pa.schema([
     pa.field("content_tail", pa.string()),
     pa.field("log_errors", pa.list_(pa.string())),
     pa.field("started_at", pa.timestamp("ms", tz="UTC")),
-    # How the answer failed on the wire (`sweeper.judge.status.Transport`), null when it came whole. Last,
+    # How the answer failed on the wire (`sweeper.spec.status.Transport`), null when it came whole. Last,
     # and nullable: files written before it read with nulls here (readers use this declared schema).
     pa.field("transport", pa.string()),
 ], metadata=_META)

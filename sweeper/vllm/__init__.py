@@ -1,6 +1,6 @@
 """Real vLLM, as the sweeper needs it: serve flags per version, and what the server log says it ran.
 
-Pure, so that readers may import it: asking an environment for its flags is `sweeper.vllm.supported`.
+Pure, so that readers may import it: asking an environment for its flags is `sweeper.install.supported`.
 """
 
 from sweeper.vllm.flags import FlagSet, Launch, parse_help, serve_command

@@ -1,7 +1,7 @@
 """From a cell to a `vllm serve` command line, for the flags the installed vLLM really has. Pure.
 
 The flags a version offers are parsed from its `--help` text (`parse_help`; asking an environment
-for that text is `sweeper.vllm.supported`'s job). A flag the version lacks is translated where vLLM
+for that text is `sweeper.install.supported`'s job). A flag the version lacks is translated where vLLM
 renamed it (`RENAMES`), or refused with a clear error before any server starts.
 """
 

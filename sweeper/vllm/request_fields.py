@@ -4,7 +4,7 @@ vLLM's own extensions (`ChatCompletionRequest` in vllm/entrypoints/openai/protoc
 vLLM accepts any other field and ignores it ("The following fields were present in the request but
 ignored: {...}", at WARNING in older releases, at DEBUG in recent ones, so usually unseen): a typo in
 `request.temprature` runs the default temperature. A matrix's request fields are checked against this
-list before anything starts (`sweeper.vllm.misconfig`). New vLLM releases add fields; a field missing
+list before anything starts (`sweeper.drivers.preflight`). New vLLM releases add fields; a field missing
 here is warned about, not refused, unless it is one edit away from a listed one.
 """
 
