@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from sweeper import __version__
+from sweeper.store.manifest import SWEEPER_VERSION as __version__
 from sweeper.judge.explain import (
     Classified,
     Explanation,

@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from sweeper.errors import SweepError, one_line
-from sweeper.install.cache_entry import EnvInfo
+from sweeper.store.env_record import EnvInfo
 from sweeper.judge.stats import wilson
 from sweeper.spec.matrix import resolve_path
 from sweeper.spec.status import Status

@@ -29,6 +29,10 @@ from typing import Any
 
 from sweeper.errors import RecordError, StoreError, clip
 
+# The sweeper's version: what every manifest and Parquet footer records as its producer (pyproject.toml
+# reads it from here, so there is one place to change it).
+SWEEPER_VERSION = "0.1.0"
+
 VERSION = 5
 # Keys every version has written beside the record's own fields.
 _FRAME = ("kind", "schema_version", "manifest_version")
