@@ -78,7 +78,7 @@ def read(runs: Path, how: str, targets: list[Any], suite: Any, shas: list[str]) 
 def main() -> None:
     from sweeper.bisect.select import select_cells
     from sweeper.drivers.bisect_evidence import Target
-    from sweeper.spec.matrix import load_matrix
+    from sweeper.install.matrix_loader import load_matrix
     from sweeper.spec.suite import load_suites
 
     ap = argparse.ArgumentParser()

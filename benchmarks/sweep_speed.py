@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sweeper.drivers.sweep import run_matrix
 from sweeper.execute.executor import choose
-from sweeper.spec.matrix import load_matrix
+from sweeper.install.matrix_loader import load_matrix
 from sweeper.store import frames as analysis
 
 ROOT = Path(__file__).parent.parent

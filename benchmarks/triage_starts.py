@@ -25,7 +25,7 @@ from sweeper.drivers.bisect import BisectOptions, BisectScope, Subject, bisect_c
 from sweeper.drivers.sweep import run_matrix
 from sweeper.drivers.triage import TriageOptions, TriageScope, run_triage
 from sweeper.execute.executor import choose
-from sweeper.spec.matrix import load_matrix
+from sweeper.install.matrix_loader import load_matrix
 from sweeper.spec.suite import load_suites
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from sweeper.errors import SweepError
 from sweeper.install import cache as environments
-from sweeper.spec.matrix import load_matrix
+from sweeper.install.matrix_loader import load_matrix
 
 ROOT = Path(__file__).resolve().parents[1]
 

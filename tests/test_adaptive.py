@@ -15,8 +15,8 @@ from conftest import make_sim_repo, run_cli
 from sweeper.drivers.sweep import make_plan, run_matrix
 from sweeper.errors import ConfigError
 from sweeper.execute.executor import choose as executor
+from sweeper.install.matrix_loader import load_matrix
 from sweeper.plan import budget, cost
-from sweeper.spec.matrix import load_matrix
 from sweeper.store import frames as analysis
 from sweeper.store.manifest import SweepManifest
 from sweeper.store.run_folder import CELL_SCHEMA, open_run, parquet_bytes, table

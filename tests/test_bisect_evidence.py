@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from sweeper.drivers.bisect_evidence import ServerStart, Target, run_starts, server_starts
+from sweeper.install.matrix_loader import load_matrix
 from sweeper.judge.modes import START_CASE
-from sweeper.spec.matrix import load_matrix
 from sweeper.store.manifest import SweepManifest
 from sweeper.store.run_folder import CELL_SCHEMA, SAMPLE_SCHEMA, RunDir, table
 

@@ -9,7 +9,7 @@ import pytest
 
 from sweeper.bisect.select import Counts, Ends, ends, screen, select_cell, select_cells
 from sweeper.errors import BisectError
-from sweeper.spec.matrix import load_matrix
+from sweeper.install.matrix_loader import load_matrix
 
 DEMO = Path(__file__).resolve().parents[1] / "matrices" / "bisect-demo.yaml"
 

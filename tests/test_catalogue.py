@@ -17,8 +17,8 @@ from countingfs import Counting
 
 from sweeper.bisect.select import select_cells
 from sweeper.drivers.bisect_evidence import Target, load_evidence
+from sweeper.install.matrix_loader import load_matrix
 from sweeper.judge import modes as fm
-from sweeper.spec.matrix import load_matrix
 from sweeper.spec.suite import Suite, load_suite
 from sweeper.store import frames as analysis
 from sweeper.store.catalogue import CATALOGUE

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from sweeper.drivers.sweep import stated_profile
+from sweeper.install.matrix_loader import load_matrix
 from sweeper.plan import cost
 from sweeper.plan.cost import Measured, Profile, estimate, learn, profile_for
-from sweeper.spec.matrix import Matrix, load_matrix
+from sweeper.spec.matrix import Matrix
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = "cases: [{id: a, body: {messages: [{role: user, content: hi}]}}]\n"
@@ -23,7 +24,7 @@ def spec_of(tmp_path: Path, text: str) -> Matrix:
 
 
 def test_every_install_kind_has_a_stated_profile() -> None:
-    from sweeper import install
+    from sweeper.install import registry as install
 
     for name in install.names():
         profile = cost.stated(name, install.kind_of(name).cost_s)

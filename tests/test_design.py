@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
+from sweeper.install.matrix_loader import load_matrix
 from sweeper.plan.design import Design, choose
-from sweeper.spec.matrix import Cell, DesignSpec, Matrix, canonical, load_matrix
+from sweeper.spec.matrix import Cell, DesignSpec, Matrix, canonical
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = "cases: [{id: a, body: {messages: [{role: user, content: hi}]}}]\n"

@@ -13,9 +13,10 @@ from conftest import make_sim_repo, run_cli
 from sweeper.drivers.sweep import run_matrix, stated_profile
 from sweeper.errors import StoreError
 from sweeper.execute.executor import choose as executor
+from sweeper.install.matrix_loader import load_matrix
 from sweeper.plan import cost
 from sweeper.plan.design import choose
-from sweeper.spec.matrix import DesignSpec, load_matrix
+from sweeper.spec.matrix import DesignSpec
 from sweeper.store import frames as analysis
 from sweeper.store.manifest import SweepManifest
 

@@ -14,7 +14,7 @@ from conftest import make_sim_repo, run_cli
 from sweeper.errors import ClusterError
 from sweeper.execute.executor import choose
 from sweeper.execute.inprocess import InProcess, deal_devices
-from sweeper.spec.matrix import load_matrix
+from sweeper.install.matrix_loader import load_matrix
 from sweeper.store import frames as analysis
 from sweeper.store.run_folder import RunDir
 

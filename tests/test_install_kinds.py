@@ -16,15 +16,15 @@ import pytest
 import yaml
 from conftest import FAST
 
-from sweeper import install
 from sweeper.drivers.sweep import run_matrix
 from sweeper.errors import ConfigError
 from sweeper.execute.executor import choose
-from sweeper.install import InstallKind, Recipe
+from sweeper.install import registry as install
 from sweeper.install.cache import list_environments
-from sweeper.install.kind import digest, settings_of, slug
+from sweeper.install.kind import InstallKind, Recipe, digest, settings_of, slug
+from sweeper.install.matrix_loader import load_matrix
 from sweeper.install.sim import COMMAND, TREE_ENV, Sim
-from sweeper.spec.matrix import Install, load_matrix
+from sweeper.spec.matrix import Install
 from sweeper.store import frames as analysis
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from sweeper.errors import ConfigError
-from sweeper.spec.matrix import expand_combinations, load_matrix, parse_matrix
+from sweeper.install.matrix_loader import load_matrix, parse_matrix
+from sweeper.spec.matrix import expand_combinations
 from sweeper.spec.yamlfile import load
 
 A = [("os", ["linux", "windows"]), ("py", ["3.11", "3.12"])]

@@ -49,8 +49,8 @@ def sim_servers_of(tmp_path: Path) -> list[int]:
 def test_a_run_in_s3_killed_resumed_and_read_back(s3: dict[str, str], tmp_path: Path, tiny_suite: Path) -> None:
     from sweeper.bisect.select import select_cells
     from sweeper.drivers.bisect_evidence import Target, load_evidence
+    from sweeper.install.matrix_loader import load_matrix
     from sweeper.judge import modes as fm
-    from sweeper.spec.matrix import load_matrix
     from sweeper.spec.suite import load_suite
     from sweeper.store import frames as analysis
     from sweeper.store.catalogue import RunCatalogue

@@ -23,8 +23,9 @@ from sweeper.drivers.bisect import BisectOptions, BisectScope, run_bisect
 from sweeper.drivers.sweep import make_plan
 from sweeper.errors import BisectError
 from sweeper.install.history import history_for, index_versions
+from sweeper.install.matrix_loader import load_matrix
 from sweeper.reports.bisect import render
-from sweeper.spec.matrix import Install, load_matrix
+from sweeper.spec.matrix import Install
 
 CLI = '''import os, sys
 from pathlib import Path

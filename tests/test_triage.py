@@ -32,8 +32,8 @@ from sweeper.drivers.triage import TriageOptions, TriageScope, cheapest_cells, r
 from sweeper.errors import StoreError
 from sweeper.execute.executor import choose
 from sweeper.execute.server import ServerProcess, free_port
+from sweeper.install.matrix_loader import load_matrix
 from sweeper.judge.explain import Count, ModeExplanation, Term, Verdict
-from sweeper.spec.matrix import load_matrix
 from sweeper.spec.matrix_slice import Slice, at_commit
 from sweeper.spec.matrix_slice import apply as apply_slice
 from sweeper.spec.suite import load_suites

@@ -23,8 +23,9 @@ from sweeper.execute import fingerprint
 from sweeper.execute.server import ServerProcess, free_port, new_api_key
 from sweeper.execute.tinymodel import build_tiny_model
 from sweeper.install import cache as environments
+from sweeper.install.matrix_loader import load_matrix
 from sweeper.install.supported import FLAGS_FILE, supported_flags
-from sweeper.spec.matrix import Cell, load_matrix
+from sweeper.spec.matrix import Cell
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 

@@ -7,9 +7,10 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
+from sweeper.install.matrix_loader import load_matrix
 from sweeper.judge.explain import Count, ModeExplanation, Term, Verdict
 from sweeper.plan.zoom import Candidate, Status, levels_of, step
-from sweeper.spec.matrix import Matrix, ServerGroup, load_matrix
+from sweeper.spec.matrix import Matrix, ServerGroup
 
 SUITE = "cases: [{id: a, body: {messages: [{role: user, content: hi}]}}]\n"
 MATRIX = """model: m

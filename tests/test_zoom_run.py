@@ -13,11 +13,12 @@ from conftest import make_sim_repo, run_cli, starts_in_logs
 
 from sweeper.drivers.sweep import ZoomOptions, run_matrix
 from sweeper.execute.executor import choose as executor
+from sweeper.install.matrix_loader import load_matrix
 from sweeper.judge.explain import Verdict
 from sweeper.plan.design import choose
 from sweeper.plan.zoom import Status
 from sweeper.reports import tables as report
-from sweeper.spec.matrix import DesignSpec, load_matrix
+from sweeper.spec.matrix import DesignSpec
 from sweeper.spec.matrix_slice import Slice
 from sweeper.store import frames as analysis
 from sweeper.store.manifest import PhaseRecord, SweepManifest, from_json, phases_of

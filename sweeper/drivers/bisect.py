@@ -390,7 +390,7 @@ def run_bisect(scope: BisectScope, options: BisectOptions | None = None, *,
                on_event: Callable[[str], None] = lambda _: None) -> BisectOutcome:
     """Bisect the cells `scope` names between its good and bad; `executor` runs the probes (default:
     Ray, a local cluster or RAY_ADDRESS's)."""
-    from sweeper.spec.matrix import load_matrix
+    from sweeper.install.matrix_loader import load_matrix
 
     options = options or BisectOptions()
     runs_dir, resume, repo = options.runs_dir, options.resume, scope.repo
@@ -441,7 +441,8 @@ def _kind(run: RunDir) -> str | None:
 def cells_from_run(scope: BisectScope, runs_dir: str | Path, on_event: Callable[[str], None]) -> Subject:
     """The matrix of a sweep run and its cells worth bisecting (`sweeper.bisect.select.screen` on
     the run's counts at good and at bad)."""
-    from sweeper.spec.matrix import load_matrix, short_hash
+    from sweeper.install.matrix_loader import load_matrix
+    from sweeper.spec.matrix import short_hash
 
     good, bad, where, repo = scope.good, scope.bad, scope.where, scope.repo
     run = sweep_run(runs_dir, scope.from_run)

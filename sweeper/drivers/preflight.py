@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from sweeper.install import kind_of
 from sweeper.install.cache import META, cache_dir_for
+from sweeper.install.registry import kind_of
 from sweeper.spec.matrix import Matrix
 from sweeper.vllm.request_fields import CHAT_FIELDS
 

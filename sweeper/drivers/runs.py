@@ -168,9 +168,10 @@ def _rebuild(run: RunDir, runs_dir: str | os.PathLike[str], matrix: Path | None)
                              "is gone; pass --matrix FILE with that matrix")
     bisects = [r for r in recorded if isinstance(r, BisectManifest)]
     if bisects and len(bisects) == len(recorded):
+        from sweeper.install.matrix_loader import load_matrix
         from sweeper.store.repair import rebuild_bisect
 
-        return rebuild_bisect(run, bisects[0], matrix)
+        return rebuild_bisect(run, bisects[0], matrix, load_matrix)
     sweeps = [r for r in recorded if isinstance(r, SweepManifest)]
     try:
         plan = make_plan(matrix, os.fspath(runs_dir), design_spec=recorded_design(sweeps[0]) if sweeps else None)

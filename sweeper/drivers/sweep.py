@@ -25,8 +25,9 @@ from sweeper.errors import ConfigError, GitError, Interrupted, StoreError, Sweep
 from sweeper.execute.executor import Executor, ExecutorFactory, choose
 from sweeper.execute.runner import GroupJob, GroupResult
 from sweeper.install import git as gitrepo
-from sweeper.install import kind_of
+from sweeper.install.matrix_loader import load_matrix
 from sweeper.install.portable import RepoSource, portable_spec, repo_source
+from sweeper.install.registry import kind_of
 from sweeper.install.repository import repo_for
 from sweeper.judge.axis_levels import axes_map, units
 from sweeper.judge.explain import explain
@@ -40,7 +41,6 @@ from sweeper.spec.matrix import (
     MatrixFile,
     ServerGroup,
     canonical,
-    load_matrix,
     short_hash,
 )
 from sweeper.spec.matrix_slice import Slice

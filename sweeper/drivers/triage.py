@@ -37,12 +37,13 @@ from sweeper.errors import ConfigError, GitError, Interrupted, StoreError, Sweep
 from sweeper.execute.executor import ExecutorFactory
 from sweeper.install import git as gitrepo
 from sweeper.install.history import History, history_for
+from sweeper.install.matrix_loader import load_matrix
 from sweeper.install.repository import repo_for
 from sweeper.judge.axis_levels import axes_map, value_text
 from sweeper.judge.explain import ModeExplanation
 from sweeper.reports import triage as triage_report
 from sweeper.reports.tables import is_failing
-from sweeper.spec.matrix import Cell, DesignSpec, ServerGroup, load_matrix
+from sweeper.spec.matrix import Cell, DesignSpec, ServerGroup
 from sweeper.spec.matrix_slice import Slice
 from sweeper.store import frames as analysis
 from sweeper.store.run_folder import RunDir, new_run_id, now_utc, open_run

@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, Self
 
 from sweeper.errors import ClusterError
-from sweeper.install import kind_of
+from sweeper.install.registry import kind_of
 
 if TYPE_CHECKING:
     from sweeper.execute.runner import GroupJob, GroupResult

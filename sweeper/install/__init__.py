@@ -1,45 +1,7 @@
-"""Install kinds: the ways of getting vLLM (or the simulator) at a commit, one class each
-(`sim`, `preinstalled`, `wheels`, `source`, `pip`), chosen by name from this one registry.
+"""Getting vLLM (or the simulator) at a commit: the install kinds and their registry
+(`sweeper.install.registry`), the per-node environment cache, the repositories the commits come from,
+and the matrix loader (`sweeper.install.matrix_loader`), where a matrix meets the registry.
 
-A new kind is one `InstallKind` subclass and one `register(...)`: the matrix accepts its name, the
-planner, the executors and the environment cache ask it their questions (`sweeper.install.kind`).
+This file imports nothing: importing one module of the package loads that module and what it uses,
+not every installer (the registry loads the kinds, and with them git and subprocesses).
 """
-
-from __future__ import annotations
-
-from sweeper.install.kind import InstallKind, Recipe
-from sweeper.install.pip import Pip
-from sweeper.install.preinstalled import Preinstalled
-from sweeper.install.sim import Sim
-from sweeper.install.source import Source
-from sweeper.install.wheels import Wheels
-
-__all__ = ["InstallKind", "Recipe", "kind_of", "names", "register", "unregister"]
-
-_KINDS: dict[str, InstallKind] = {}
-
-
-def register(kind: InstallKind) -> InstallKind:
-    """Make `kind` the one of its name (a matrix's `install.kind`); refused when the name is taken."""
-    if kind.name in _KINDS:
-        raise ValueError(f"install kind {kind.name!r} is registered already")
-    _KINDS[kind.name] = kind
-    return kind
-
-
-def unregister(name: str) -> None:
-    del _KINDS[name]
-
-
-def names() -> tuple[str, ...]:
-    """The registered kinds' names, in the order they were registered."""
-    return tuple(_KINDS)
-
-
-def kind_of(name: str) -> InstallKind:
-    """The kind of this name. A matrix's kind was checked when it was parsed: a KeyError here is a bug."""
-    return _KINDS[name]
-
-
-for _builtin in (Sim(), Preinstalled(), Wheels(), Source(), Pip()):
-    register(_builtin)

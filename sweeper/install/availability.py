@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sweeper.errors import ConfigError, InstallError
-from sweeper.install import kind_of
 from sweeper.install.kind import Availability
+from sweeper.install.registry import kind_of
 
 if TYPE_CHECKING:
     from sweeper.spec.matrix import Install

@@ -24,9 +24,10 @@ from typing import Any
 import filelock
 
 from sweeper.errors import GitError
-from sweeper.install import Recipe, kind_of
 from sweeper.install import git as gitrepo
 from sweeper.install.cache_entry import EnvInfo
+from sweeper.install.kind import Recipe
+from sweeper.install.registry import kind_of
 from sweeper.install.steps import INSTALL_TIMEOUT_S
 from sweeper.spec.matrix import Install
 from sweeper.store import files

@@ -26,7 +26,7 @@ from packaging.version import InvalidVersion, Version
 
 from sweeper.errors import BisectError, ConfigError
 from sweeper.install import git as gitrepo
-from sweeper.install import kind_of
+from sweeper.install.registry import kind_of
 from sweeper.spec.matrix import Install
 
 _AVAILABLE = re.compile(r"^Available versions:\s*(.*)$", re.MULTILINE)

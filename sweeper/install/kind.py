@@ -1,7 +1,7 @@
 """What every install kind is: the questions the planner, the executors and the environment cache
 ask of one (its rules on a matrix, its cache key, its install), with the answers most kinds share.
 
-A kind is one subclass and one `sweeper.install.register(...)`; nothing else in the product names
+A kind is one subclass and one `sweeper.install.registry.register(...)`; nothing else in the product names
 a kind.
 """
 

@@ -25,7 +25,7 @@ import filelock
 
 from sweeper.errors import InstallError
 from sweeper.install import git as gitrepo
-from sweeper.install import kind_of
+from sweeper.install.registry import kind_of
 from sweeper.spec.matrix import Install, Matrix, MatrixFile, resolve_path
 
 SHIPPED = "shipped.git"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from sweeper.errors import ConfigError
 from sweeper.install import git as gitrepo
-from sweeper.install import kind_of
+from sweeper.install.registry import kind_of
 from sweeper.install.sim import Sim
 from sweeper.spec.matrix import Matrix, resolve_path
 from sweeper.store.location import local_side

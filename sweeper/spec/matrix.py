@@ -1,7 +1,9 @@
 """Matrix files: parse and validate once, then expand into cells.
 
-Parsing and expansion are pure (no disk, no processes): `parse_matrix` takes the file's data.
-The loader `load_matrix` reads the file and checks the files it names (its suites) exist.
+Parsing and expansion are pure (no disk, no processes, no install kind named): `build_matrix` takes
+the file's data and what the parse must know of the install kinds (`KindFacts`). The loader
+(`sweeper.install.matrix_loader.load_matrix`) reads the file, asks the install-kind registry for
+those facts, and checks the files the matrix names (its suites) exist.
 
 A matrix file has fixed settings (model, install, suite, serve flags, env, request fields, GPUs per
 cell, repeats), `axes` whose values multiply, and `exclude`/`include` rules with GitHub Actions
@@ -42,38 +44,37 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
-import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 import pydantic
 
 from sweeper.errors import clip
-from sweeper.spec.yamlfile import PathKey, Positions, load, os_reason, path_problem, validate
+from sweeper.spec.yamlfile import PathKey, Positions, path_problem, validate
 
-if TYPE_CHECKING:
-    from sweeper.install.kind import InstallKind
-
-def _kinds() -> ModuleType:
-    """The install-kind registry. Imported when a matrix is checked, not with this module: readers use
-    the cells and helpers here without importing the kinds' installers (git, subprocesses)."""
-    import sweeper.install
-
-    return sweeper.install
+# A cell's commit when the matrix has no commit axis and the caller names no install kind's default.
+DEFAULT_COMMIT = "main"
+# The validation context's key for the registered install kinds' names (`Install.kind`).
+KIND_NAMES = "install_kinds"
 
 
-def _kind_names() -> tuple[str, ...]:
-    return tuple(_kinds().names())
+@dataclass(frozen=True)
+class KindFacts:
+    """What parsing a matrix must know of the install kinds, as values: the loader asks the registry
+    (`sweeper.install.matrix_loader.kind_facts`), so parsing and expansion name no install kind and
+    import nothing of the installers (git, subprocesses) that readers of cells must not load."""
 
-
-def _kind(name: str) -> InstallKind:
-    kind: InstallKind = _kinds().kind_of(name)
-    return kind
+    # The registered kinds, in the registry's order (errors list them so).
+    names: tuple[str, ...]
+    # Per kind: the commit of a cell when the matrix has no commit axis.
+    default_commits: Mapping[str, str]
+    # Per kind: its rule on the commit axis, why those commits can never be installed (None: they can).
+    commits_problems: Mapping[str, Callable[[Sequence[str]], str | None]]
+    # The simulated histories an `install.repo` of `sim:NAME` may name.
+    sim_histories: tuple[str, ...]
 
 
 CORE_AXES = ("commit", "spec_method", "num_speculative_tokens", "async_scheduling", "attention_backend")
@@ -155,9 +156,12 @@ class Install(_Strict):
 
     @pydantic.field_validator("kind", mode="before")
     @classmethod
-    def _registered(cls, value: Any) -> str:
-        if not isinstance(value, str) or value not in _kind_names():
-            raise ValueError(f"expected one of {_one_of(_kind_names())}, got {clip(value)}")
+    def _registered(cls, value: Any, info: pydantic.ValidationInfo) -> Any:
+        # The registered names come with a parse (`build_matrix`); a matrix read back from a run's
+        # manifest was checked when it was parsed for that run, and needs no registry to be read.
+        names: tuple[str, ...] | None = (info.context or {}).get(KIND_NAMES)
+        if names is not None and (not isinstance(value, str) or value not in names):
+            raise ValueError(f"expected one of {_one_of(names)}, got {clip(value)}")
         return value
 
 
@@ -322,6 +326,13 @@ class Matrix:
     axes: tuple[tuple[str, tuple[Any, ...]], ...]
     cells: tuple[Cell, ...]
     raw: Mapping[str, Any] = field(repr=False)
+    # What it was parsed with: a slice of it (`sweeper.spec.matrix_slice`) is parsed again with the same.
+    kinds: KindFacts = field(repr=False, compare=False)
+
+    @property
+    def default_commit(self) -> str:
+        """Its install kind's commit for cells when it has no commit axis."""
+        return self.kinds.default_commits[self.spec.install.kind]
 
     @property
     def name(self) -> str:
@@ -593,7 +604,10 @@ def legacy_cell_id(cell: Cell) -> tuple[str, str]:
     return f"{slug}-{cell.cell_id.rsplit('-', 1)[-1]}", "-".join(parts)
 
 
-def make_cell(spec: MatrixFile, combo: Mapping[str, Any], axis_order: Sequence[str]) -> Cell:
+def make_cell(spec: MatrixFile, combo: Mapping[str, Any], axis_order: Sequence[str],
+              default_commit: str = DEFAULT_COMMIT) -> Cell:
+    """The cell of one combination of axis values. `default_commit`: its commit when `combo` has none
+    (the install kind's, `Matrix.default_commit`)."""
     spec_method = combo.get("spec_method", "none")
     nst = combo.get("num_speculative_tokens") if spec_method != "none" else None
     env = {k: v for k, v in _merge({k: None if v is None else str(v) for k, v in spec.env.items()},
@@ -608,7 +622,7 @@ def make_cell(spec: MatrixFile, combo: Mapping[str, Any], axis_order: Sequence[s
             values[name] = combo[name]
     commit = combo.get("commit")
     if commit is None:
-        commit = _kind(spec.install.kind).default_commit
+        commit = default_commit
     server_identity = {
         "commit": commit, "spec_method": spec_method, "nst": nst, "async": combo.get("async_scheduling"),
         "backend": combo.get("attention_backend"), "env": env, "serve": serve, "model": spec.model,
@@ -627,11 +641,11 @@ def make_cell(spec: MatrixFile, combo: Mapping[str, Any], axis_order: Sequence[s
 
 
 def expand(spec: MatrixFile, axes: Sequence[tuple[str, Sequence[Any]]], exclude: Sequence[Mapping[str, Any]],
-           include: Sequence[Mapping[str, Any]]) -> tuple[Cell, ...]:
+           include: Sequence[Mapping[str, Any]], default_commit: str = DEFAULT_COMMIT) -> tuple[Cell, ...]:
     order = [n for n, _ in axes]
     cells: dict[str, Cell] = {}
     for combo in expand_combinations(axes, exclude, include):
-        cell = make_cell(spec, combo, order)
+        cell = make_cell(spec, combo, order, default_commit)
         cells.setdefault(cell.cell_id, cell)  # collapsed axes make equal cells: keep the first
     return tuple(cells.values())
 
@@ -643,25 +657,17 @@ def group_cells(cells: Sequence[Cell]) -> tuple[ServerGroup, ...]:
     return tuple(ServerGroup(key, tuple(members)) for key, members in groups.items())
 
 
-# --- loading ---------------------------------------------------------------------------------
+# --- parsing (pure; the loader is `sweeper.install.matrix_loader`) ------------------------------
 
-def load_matrix(path: str | Path) -> Matrix:
-    """Read and parse a matrix file, then check the files it names (its suites) exist."""
-    data, pos = load(path)
-    matrix = parse_matrix(data, pos, str(path))
-    _check_suites(matrix.spec, pos, str(path))
-    return matrix
-
-
-def parse_matrix(data: Any, pos: Positions, path: str) -> Matrix:
+def build_matrix(data: Any, pos: Positions, path: str, kinds: KindFacts) -> Matrix:
     """The matrix of already-read data (pure: touches no disk; `path` only names it and anchors the
-    relative paths it holds)."""
+    relative paths it holds), checked against the install kinds' `kinds`."""
     if not isinstance(data, dict):
         raise pos.error((), "expected a mapping with model, suite and axes")
     _check_strings(data, pos)
-    _check_install(data, pos)
-    spec = validate(MatrixFile, data, pos)
-    _check_settings(spec, pos)
+    _check_install(data, pos, kinds.names)
+    spec = validate(MatrixFile, data, pos, context={KIND_NAMES: kinds.names})
+    _check_settings(spec, pos, kinds.sim_histories)
     axes = _parse_axes(spec, pos)
     names = {n for n, _ in axes}
     for kind in ("exclude", "include"):
@@ -670,24 +676,24 @@ def parse_matrix(data: Any, pos: Positions, path: str) -> Matrix:
     exclude = _parse_rules("exclude", spec.exclude, names, pos)
     include = _parse_rules("include", spec.include, names, pos)
     commits = next((values for name, values in axes if name == "commit"), ())
-    if problem := _kind(spec.install.kind).commits_problem(commits):
+    if problem := kinds.commits_problems[spec.install.kind](commits):
         raise pos.error(("axes", "commit"), problem)
-    cells = expand(spec, axes, exclude, include)
+    cells = expand(spec, axes, exclude, include, kinds.default_commits[spec.install.kind])
     if not cells:
         raise pos.error(("exclude",), "every combination is excluded: the matrix has no cells")
     _check_suite_names(spec, pos)
-    return Matrix(path=path, spec=spec, axes=axes, cells=cells, raw=data)
+    return Matrix(path=path, spec=spec, axes=axes, cells=cells, raw=data, kinds=kinds)
 
 
-def _check_install(data: dict[str, Any], pos: Positions) -> None:
+def _check_install(data: dict[str, Any], pos: Positions, names: Sequence[str]) -> None:
     """`install` and its `kind` are required: nothing defaults to the simulator, whose rows would
     look like vLLM results."""
     install = data.get("install")
     if install is None:
-        raise pos.error(("install",), f"required (kind: {', '.join(_kind_names())}); nothing defaults "
+        raise pos.error(("install",), f"required (kind: {', '.join(names)}); nothing defaults "
                                       "to the simulator")
     if isinstance(install, dict) and "kind" not in install:
-        raise pos.error(("install", "kind"), f"required: one of {', '.join(_kind_names())}")
+        raise pos.error(("install", "kind"), f"required: one of {', '.join(names)}")
 
 
 def _check_strings(data: Any, pos: Positions) -> None:
@@ -711,7 +717,7 @@ def _check_strings(data: Any, pos: Positions) -> None:
                 raise pos.error(path, "the value contains a NUL character")
 
 
-def _check_settings(spec: MatrixFile, pos: Positions) -> None:
+def _check_settings(spec: MatrixFile, pos: Positions, histories: Sequence[str]) -> None:
     for flag in spec.serve:
         if not flag.startswith("--"):
             raise pos.error(("serve", flag), "expected a flag name starting with --")
@@ -730,43 +736,22 @@ def _check_settings(spec: MatrixFile, pos: Positions) -> None:
         raise pos.error(("adaptive", "threshold"), f"threshold ({rule.threshold:g}) must be below detect "
                                                    f"({rule.detect:g})")
     repo = spec.install.repo
-    histories: tuple[str, ...] = tuple(_kinds().Sim.HISTORIES)
     if repo is not None and repo.startswith("sim:") and repo[4:] not in ("", *histories):
         raise pos.error(("install", "repo"), f"unknown simulated history {clip(repo)}; expected one of "
                                              f"{', '.join('sim:' + h for h in histories)}")
 
 
-def _suite_names(spec: MatrixFile) -> list[tuple[PathKey, str]]:
+def suite_names(spec: MatrixFile) -> list[tuple[PathKey, str]]:
+    """Each suite the matrix names, with where in the file it is named."""
     names = [spec.suite] if isinstance(spec.suite, str) else spec.suite
     return [(("suite",) if isinstance(spec.suite, str) else ("suite", i), name) for i, name in enumerate(names)]
 
 
 def _check_suite_names(spec: MatrixFile, pos: Positions) -> None:
     """What can be said of the suite names without the disk."""
-    named = _suite_names(spec)
+    named = suite_names(spec)
     if not named:
         raise pos.error(("suite",), "expected a suite file or a list of them")
     for where, name in named:
         if problem := path_problem(name):
             raise pos.error(where, f"{problem}; expected a suite file")
-
-
-def _check_suites(spec: MatrixFile, pos: Positions, path: str) -> None:
-    """The loader's part: every suite file exists, is a regular file, and is listed once."""
-    seen: dict[str, int] = {}
-    for i, (where, name) in enumerate(_suite_names(spec)):
-        try:
-            suite_path = resolve_path(path, name)
-            info = os.stat(suite_path)
-            real = os.path.realpath(suite_path)
-        except FileNotFoundError:
-            raise pos.error(where, f"suite file not found: {resolve_path(path, name)}") from None
-        except OSError as exc:
-            raise pos.error(where, f"cannot read suite file {clip(name)}: {os_reason(exc)}") from None
-        except (RuntimeError, ValueError) as exc:  # `~nobody/x`: no such home directory
-            raise pos.error(where, f"cannot resolve suite file {clip(name)}: {exc}") from None
-        if not stat.S_ISREG(info.st_mode):
-            raise pos.error(where, f"suite file {suite_path} is not a regular file")
-        if real in seen:
-            raise pos.error(where, f"the same suite file is listed twice (also suite[{seen[real]}])")
-        seen[real] = i

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sweeper.errors import ConfigError
-from sweeper.spec.matrix import Cell, Matrix, canonical, parse_matrix
+from sweeper.spec.matrix import Cell, Matrix, build_matrix, canonical
 from sweeper.spec.yamlfile import Positions
 
 
@@ -48,9 +48,10 @@ def at_commit(data: Mapping[str, Any], ref: str) -> dict[str, Any]:
 
 
 def apply(matrix: Matrix, data: Mapping[str, Any], pos: Positions, s: Slice) -> Matrix:
-    """`matrix` (parsed from `data`) cut to `s`."""
+    """`matrix` (parsed from `data`) cut to `s`: parsed again at its commit with the install kinds' facts
+    it was parsed with."""
     if s.commit is not None:
-        matrix = parse_matrix(at_commit(data, s.commit), pos, matrix.path)
+        matrix = build_matrix(at_commit(data, s.commit), pos, matrix.path, matrix.kinds)
     if s.settings is not None:
         kept = tuple(c for c in matrix.cells if c.settings_key in s.settings)
         if not kept:

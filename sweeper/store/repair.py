@@ -8,14 +8,14 @@ its recorded copy with the matrix read again. The damaged manifest is kept aside
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 import pyarrow.dataset as ds
 
 from sweeper.errors import StoreError, clip
-from sweeper.spec.matrix import canonical
+from sweeper.spec.matrix import Matrix, canonical
 from sweeper.store.location import Location
 from sweeper.store.manifest import BisectManifest, Repair, SweepManifest
 from sweeper.store.run_folder import MANIFEST, SAMPLE_SCHEMA, Damage, RunDir, check_parquet, now_utc
@@ -82,10 +82,10 @@ def rebuild_sweep(run: RunDir, fresh: SweepManifest, cell_ids: Collection[str]) 
             f"{len(recorded)} recorded manifests and the rows of {n_cells} cells{kept}")
 
 
-def rebuild_bisect(run: RunDir, recorded: BisectManifest, matrix_path: Path) -> str:
-    """A bisect's manifest: everything it recorded, with the matrix read again."""
-    from sweeper.spec.matrix import load_matrix
-
+def rebuild_bisect(run: RunDir, recorded: BisectManifest, matrix_path: Path,
+                   load_matrix: Callable[[Path], Matrix]) -> str:
+    """A bisect's manifest: everything it recorded, with the matrix read again (by the caller's loader:
+    the store asks no install kind)."""
     needed = ("good_sha", "bad_sha", "commits", "settings_keys", "cells", "suite_digest")
     missing = sorted(name for name in needed if getattr(recorded, name) is None)
     if missing:

@@ -1,0 +1,69 @@
+"""The matrix loader: a matrix file read, checked against the registered install kinds, and parsed.
+
+Parsing and expansion (`sweeper.spec.matrix.build_matrix`) are pure and name no install kind: what
+they must know of the kinds (their names, each one's default commit and rule on the commit axis, the
+simulated histories) is asked of the registry here and handed over as values (`KindFacts`). This is
+the one place a matrix meets the registry. It lives beside the registry, in the lowest layer that may
+ask it, so drivers, scripts and tests load a matrix through it; the loader's disk checks (the suite
+files exist) are here too, so the parse reads nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from sweeper.errors import clip
+from sweeper.install import registry
+from sweeper.install.sim import Sim
+from sweeper.spec.matrix import KindFacts, Matrix, MatrixFile, build_matrix, resolve_path, suite_names
+from sweeper.spec.yamlfile import Positions, load, os_reason
+
+__all__ = ["kind_facts", "load_matrix", "parse_matrix"]
+
+
+def kind_facts() -> KindFacts:
+    """What a matrix's parse must know of the install kinds registered now."""
+    names = registry.names()
+    kinds = {name: registry.kind_of(name) for name in names}
+    return KindFacts(names=names,
+                     default_commits={name: kind.default_commit for name, kind in kinds.items()},
+                     commits_problems={name: kind.commits_problem for name, kind in kinds.items()},
+                     sim_histories=tuple(Sim.HISTORIES))
+
+
+def parse_matrix(data: Any, pos: Positions, path: str) -> Matrix:
+    """The matrix of already-read data, checked against the registered install kinds (touches no disk;
+    `path` only names it and anchors the relative paths it holds)."""
+    return build_matrix(data, pos, path, kind_facts())
+
+
+def load_matrix(path: str | Path) -> Matrix:
+    """Read and parse a matrix file, then check the files it names (its suites) exist."""
+    data, pos = load(path)
+    matrix = parse_matrix(data, pos, str(path))
+    _check_suites(matrix.spec, pos, str(path))
+    return matrix
+
+
+def _check_suites(spec: MatrixFile, pos: Positions, path: str) -> None:
+    """Every suite file exists, is a regular file, and is listed once."""
+    seen: dict[str, int] = {}
+    for i, (where, name) in enumerate(suite_names(spec)):
+        try:
+            suite_path = resolve_path(path, name)
+            info = os.stat(suite_path)
+            real = os.path.realpath(suite_path)
+        except FileNotFoundError:
+            raise pos.error(where, f"suite file not found: {resolve_path(path, name)}") from None
+        except OSError as exc:
+            raise pos.error(where, f"cannot read suite file {clip(name)}: {os_reason(exc)}") from None
+        except (RuntimeError, ValueError) as exc:  # `~nobody/x`: no such home directory
+            raise pos.error(where, f"cannot resolve suite file {clip(name)}: {exc}") from None
+        if not stat.S_ISREG(info.st_mode):
+            raise pos.error(where, f"suite file {suite_path} is not a regular file")
+        if real in seen:
+            raise pos.error(where, f"the same suite file is listed twice (also suite[{seen[real]}])")
+        seen[real] = i
