@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sweeper.drivers.sweep import stated_profile
 from sweeper.install.matrix_loader import load_matrix
+from sweeper.install.registry import stated_profile
 from sweeper.plan import cost
 from sweeper.plan.cost import Measured, Profile, estimate, learn, profile_for
 from sweeper.spec.matrix import Matrix

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from conftest import make_sim_repo, run_cli
 
-from sweeper.drivers.sweep import run_matrix, stated_profile
+from sweeper.drivers.sweep import run_matrix
 from sweeper.errors import StoreError
-from sweeper.execute.executor import choose as executor
+from sweeper.execute.choice import choose as executor
 from sweeper.install.matrix_loader import load_matrix
+from sweeper.install.registry import stated_profile
 from sweeper.plan import cost
 from sweeper.plan.design import choose
 from sweeper.spec.matrix import DesignSpec

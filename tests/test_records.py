@@ -189,6 +189,7 @@ def test_the_cells_files_record_the_manifest_but_the_matrix(tmp_path: Path) -> N
 def test_a_sweep_records_its_commits_in_history_order(tmp_path: Path) -> None:
     """The plan learns the refs' order from the repository, so a reader needs no git."""
     from sweeper.drivers.sweep import make_plan
+    from sweeper.store.plan_records import sweep_manifest
 
     (tmp_path / "tiny.yaml").write_text(SUITE)
     make_sim_repo(tmp_path / "vllm", [("v0.27.0", {}), ("v0.28.0", {}), ("main", {})])
@@ -199,7 +200,7 @@ def test_a_sweep_records_its_commits_in_history_order(tmp_path: Path) -> None:
     plan = make_plan(path, tmp_path / "runs")
     assert plan.commit_order == ("v0.27.0", "v0.28.0", "main")
     run = open_run(tmp_path / "runs", "r", create=True)
-    run.write_manifest(plan.manifest("r"))
+    run.write_manifest(sweep_manifest(plan, "r"))
     (tmp_path / "vllm").rename(tmp_path / "gone")  # the repository need not be there when reading
     assert report.commit_order(run, ["v0.29.0"]) == ["v0.27.0", "v0.28.0", "main", "v0.29.0"]
 

@@ -34,7 +34,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sweeper import __version__
 from sweeper.bisect.search import BisectReport, Observation, Search, SearchOptions
 from sweeper.bisect.segments import Prior
 from sweeper.bisect.select import ends, screen, select_cell, select_cells
@@ -48,21 +47,24 @@ from sweeper.drivers.bisect_evidence import (
     run_starts,
     server_starts,
 )
-from sweeper.drivers.sweep import stated_profile
-from sweeper.errors import BisectError, Interrupted, SweepError
-from sweeper.execute.executor import Executor, ExecutorFactory, choose
+from sweeper.errors import BisectError, ConfigError, Interrupted, SweepError
+from sweeper.execute.choice import choose
+from sweeper.execute.executor import Executor, ExecutorFactory
 from sweeper.execute.runner import GroupJob, GroupResult
 from sweeper.install.history import History, history_for
 from sweeper.install.portable import portable_spec, repo_source
+from sweeper.install.registry import stated_profile
 from sweeper.install.repository import repo_for
 from sweeper.judge import modes as fm
 from sweeper.plan import cost
+from sweeper.plan.budget import Ledger
 from sweeper.reports.bisect import ReportCell, describe, named_commits
 from sweeper.reports.bisect_progress import beliefs, round_line
 from sweeper.spec.matrix import Cell, Matrix, ServerGroup, make_cell
 from sweeper.spec.status import ProbeStatus
 from sweeper.spec.suite import Suite, load_suites
 from sweeper.store import frames as analysis
+from sweeper.store.manifest import SWEEPER_VERSION as __version__
 from sweeper.store.manifest import BisectManifest, SweepManifest
 from sweeper.store.run_folder import (
     PROBE_SCHEMA,
@@ -124,6 +126,17 @@ class BisectOptions:
                              quiet_scan=quiet, prior=Prior.default(expected_changes=self.expected_changes))
 
 
+def search_choices(bumps: int | None, expect_changes: float) -> dict[str, Any]:
+    """`--bumps` and `--expect-changes`, checked, as `BisectOptions`' fields (`sweep bisect` and
+    `sweep triage` take both): one line naming the flag when a value is out of range."""
+    if bumps is not None and bumps < 0:
+        raise ConfigError(f"expected a number of commits >= 1, or 0 for no scan, got {bumps}", key="--bumps")
+    if not (0 < expect_changes < math.inf):
+        raise ConfigError(f"expected a number of changes per range above 0, got {expect_changes:g}",
+                          key="--expect-changes")
+    return {"bump_width": bumps or None, "quiet_scan": bumps != 0, "expected_changes": expect_changes}
+
+
 @dataclass(frozen=True)
 class Subject:
     """What a bisect works on: cells of a matrix (their settings; the commit is what varies) and the
@@ -182,11 +195,11 @@ class Bisector:
         # driver before anything was stored leaves its number unused, and is no evidence.
         self.starts = sum(1 for g in named if PROBE_NAME.match(g))
         self.round = int(pc.max(probes["round"]).as_py() or 0) if probes.num_rows else 0
-        self.gpu_seconds = float(pc.sum(probes["gpu_seconds"]).as_py() or 0.0) if probes.num_rows else 0.0
-        # Commits this run has installed (a later start there pays no install), and whether a budget
-        # stopped the rounds.
+        # The budget of the whole run: what earlier invocations of a resumed run spent counts.
+        spent = float(pc.sum(probes["gpu_seconds"]).as_py() or 0.0) if probes.num_rows else 0.0
+        self.ledger = Ledger.of_hours(options.budget_h, spent_s=spent)
+        # Commits this run has installed (a later start there pays no install).
         self.installed = set(probes.column("commit_sha").to_pylist()) if probes.num_rows else set()
-        self.budget_exhausted = False
         self.profile = cost.profile_for(self.matrix.spec, stated_profile(self.matrix.spec))
 
     # ---- the searches -----------------------------------------------------------------
@@ -265,21 +278,16 @@ class Bisector:
             seen.add(sha)
         return out
 
+    @property
+    def gpu_seconds(self) -> float:
+        """GPU-seconds the run's probes took, this invocation's and earlier ones'."""
+        return self.ledger.spent_s
+
     def afford(self, plan: list[tuple[str, list[tuple[Target, int]]]]) -> list[tuple[str, list[tuple[Target, int]]]]:
         """The longest prefix of `plan` (most valuable first) the budget still covers; none when the
-        budget is spent (`budget_exhausted`)."""
-        if self.options.budget_h is None:
-            return plan
-        left = self.options.budget_h * 3600.0 - self.gpu_seconds
-        kept = 0
-        for c in self.round_cost(plan):
-            if c > left:
-                break
-            left -= c
-            kept += 1
-        if kept == 0 and plan:
-            self.budget_exhausted = True
-        return plan[:kept]
+        budget is spent (the ledger is then exhausted)."""
+        costs = self.round_cost(plan)
+        return list(self.ledger.afford(plan, lambda prefix: sum(costs[:len(prefix)])))
 
     def _repeats(self, wants: list[tuple[Target, int]]) -> int:
         return max(1, math.ceil(max(n for _, n in wants) / self._requests_per_repeat()))
@@ -334,7 +342,7 @@ class Bisector:
         rows = []
         for t, cells, status, sets in found:
             gpu = float(pc.sum(cells["gpu_seconds"]).as_py() or 0.0) if cells.num_rows else 0.0
-            self.gpu_seconds += gpu
+            self.ledger.charge(gpu)
             counts = fm.count_modes(sets, merged)
             rows.append({"run_id": self.run.run_id, "probe": probe_no, "round": self.round, "commit_sha": sha,
                          "position": self.commits.index(sha), "settings_key": t.settings_key,
@@ -359,7 +367,7 @@ class Bisector:
                                     found=beliefs(reports, self.commits)))
             plan = self.afford(self.plan_round(searches, slots))
             if not plan:
-                if self.budget_exhausted and self.round > first:
+                if self.ledger.exhausted and self.round > first:
                     self.say(f"budget spent: {self.gpu_seconds / 3600:.2f} of {self.options.budget_h:g} GPU-h; "
                              "the next probe is priced past what is left")
                 return reports
@@ -375,7 +383,7 @@ class Bisector:
                         "sweeper": __version__, "updated": now_utc().isoformat()})
         if self.options.budget_h is not None:
             summary["budget"] = {"gpu_hours": self.options.budget_h, "spent_gpu_hours": self.gpu_seconds / 3600.0,
-                                 "exhausted": self.budget_exhausted}
+                                 "exhausted": self.ledger.exhausted}
         self.run.write_json("bisect.json", summary)
         return summary
 

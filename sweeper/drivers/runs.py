@@ -151,7 +151,8 @@ def repair(runs_dir: str | os.PathLike[str], run_id: str, matrix: Path | None = 
 
 
 def _rebuild(run: RunDir, runs_dir: str | os.PathLike[str], matrix: Path | None) -> str:
-    from sweeper.drivers.sweep import make_plan, recorded_design
+    from sweeper.drivers.sweep import make_plan, rebuild_manifest
+    from sweeper.store.plan_records import recorded_design
 
     recorded = run.recorded_manifests()
     where = run.manifest_file
@@ -177,4 +178,4 @@ def _rebuild(run: RunDir, runs_dir: str | os.PathLike[str], matrix: Path | None)
         plan = make_plan(matrix, os.fspath(runs_dir), design_spec=recorded_design(sweeps[0]) if sweeps else None)
     except SweepError as exc:
         raise StoreError(f"cannot rebuild {where}: {exc}") from None
-    return plan.rebuild_manifest(run)
+    return rebuild_manifest(plan, run)

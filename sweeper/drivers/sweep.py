@@ -22,141 +22,28 @@ from pathlib import Path
 import pandas as pd
 
 from sweeper.errors import ConfigError, GitError, Interrupted, StoreError, SweepError
-from sweeper.execute.executor import Executor, ExecutorFactory, choose
+from sweeper.execute.choice import choose
+from sweeper.execute.executor import Executor, ExecutorFactory
 from sweeper.execute.runner import GroupJob, GroupResult
 from sweeper.install import git as gitrepo
 from sweeper.install.matrix_loader import load_matrix
-from sweeper.install.portable import RepoSource, portable_spec, repo_source
-from sweeper.install.registry import kind_of
+from sweeper.install.portable import portable_spec, repo_source
+from sweeper.install.registry import kind_of, stated_profile
 from sweeper.install.repository import repo_for
 from sweeper.judge.axis_levels import axes_map, units
 from sweeper.judge.explain import explain
-from sweeper.judge.sequential import Rule
-from sweeper.plan import budget, cost, design, zoom
-from sweeper.spec.matrix import (
-    AdaptiveSpec,
-    Cell,
-    DesignSpec,
-    Matrix,
-    MatrixFile,
-    ServerGroup,
-    canonical,
-    short_hash,
-)
+from sweeper.plan import zoom
+from sweeper.plan.budget import Ledger, budget_seconds
+from sweeper.plan.sweep_plan import Plan, adaptive_spec, choose_design, plan_of
+from sweeper.spec.matrix import AdaptiveSpec, DesignSpec, MatrixFile, ServerGroup, canonical, short_hash
 from sweeper.spec.matrix_slice import Slice
 from sweeper.spec.matrix_slice import apply as apply_slice
-from sweeper.spec.suite import Suite, load_suites
+from sweeper.spec.suite import load_suites
 from sweeper.store import frames as analysis
-from sweeper.store.manifest import (
-    AdaptiveRecord,
-    BudgetRecord,
-    CostRecord,
-    DesignRecord,
-    PhaseRecord,
-    SweepManifest,
-    commit_axis,
-    phases_of,
-)
+from sweeper.store.manifest import PhaseRecord, SweepManifest, commit_axis, phases_of
+from sweeper.store.plan_records import recorded_adaptive, recorded_design, sweep_manifest
 from sweeper.store.repair import rebuild_sweep
 from sweeper.store.run_folder import RunDir, new_run_id, open_run
-
-
-@dataclass
-class Plan:
-    matrix: Matrix
-    suite: Suite
-    repo: Path | None
-    shas: dict[str, str | None]
-    design: design.Design
-    commit_order: tuple[str, ...] | None = None  # the commit axis oldest first, where the repository tells
-    adaptive: AdaptiveSpec | None = None  # cells stop when settled (`sweeper.judge.sequential`); None: whole suites
-    budget: budget.Fit | None = None  # `--budget`: the design's servers that fit, and those left
-
-    @property
-    def groups(self) -> tuple[ServerGroup, ...]:
-        """The servers this plan starts: the design's (all of the matrix's for the full product), less
-        those a budget left out."""
-        return self.budget.kept if self.budget is not None else self.design.groups
-
-    @property
-    def profile(self) -> cost.Profile:
-        return cost.profile_for(self.matrix.spec, stated_profile(self.matrix.spec))
-
-    @property
-    def rule(self) -> Rule | None:
-        return rule_of(self.adaptive)
-
-    def estimate(self, groups: tuple[ServerGroup, ...] | None = None, *, adaptive: bool = True) -> cost.Estimate:
-        """Modelled GPU time of this plan's servers (or of `groups`, e.g. the full product's); an
-        adaptive plan's cells at the samples that settle a clean cell (`adaptive=False`: whole suites)."""
-        return cost.estimate(self.groups if groups is None else groups, self.matrix.spec, self.profile,
-                             self.modelled_requests_per_cell() if adaptive else self.requests_per_cell())
-
-    def modelled_requests_per_cell(self) -> int:
-        full, rule = self.requests_per_cell(), self.rule
-        return rule.expected_samples(full) if rule is not None else full
-
-    @property
-    def job_spec(self) -> MatrixFile:
-        spec = portable_spec(self.matrix)
-        return spec.model_copy(update={"adaptive": self.adaptive or False})
-
-    @property
-    def repo_source(self) -> RepoSource | None:
-        return repo_source(self.matrix.spec.install, self.repo)
-
-    @property
-    def n_cells(self) -> int:
-        return len(self.cells)
-
-    @property
-    def cells(self) -> tuple[Cell, ...]:
-        """The cells this plan runs (the design's, less a budget's left-out servers)."""
-        return tuple(c for g in self.groups for c in g.cells)
-
-    def requests_per_cell(self) -> int:
-        return sum(c.repeat for c in self.suite.cases) * self.matrix.spec.repeats
-
-    def manifest(self, run_id: str) -> SweepManifest:
-        """What a run of this plan records (the store stamps when, where and by which sweeper)."""
-        return SweepManifest(
-            run_id=run_id, matrix_path=str(self.matrix.path), matrix=self.matrix.raw,
-            matrix_digest=short_hash(self.matrix.raw, 16), suite_path=tuple(str(p) for p in self.matrix.suite_paths),
-            suite=self.suite.name, suite_digest=self.suite.digest, commits=self.shas, commit_order=self.commit_order,
-            repo=str(self.repo) if self.repo else None, cells=self.n_cells, groups=len(self.groups),
-            design=self.design_record(), cost=CostRecord(**self.profile.record()),
-            adaptive=adaptive_record(self.adaptive), budget=self.budget_record(),
-            phases=(self.design_phase(),))
-
-    def budget_record(self) -> BudgetRecord | None:
-        fit = self.budget
-        if fit is None:
-            return None
-        return BudgetRecord(gpu_hours=fit.budget_s / 3600.0, modelled_hours=fit.modelled_s / 3600.0,
-                            servers=len(fit.kept), cells=sum(len(g.cells) for g in fit.kept),
-                            left_servers=len(fit.left), left_cells=sum(len(g.cells) for g in fit.left),
-                            left_groups=tuple(g.group_id for g in fit.left))
-
-    def design_record(self) -> DesignRecord:
-        d = self.design
-        return DesignRecord(kind=d.spec.kind, strength=d.strength, seed=d.spec.seed, servers=len(d.groups),
-                            cells=len(d.cells), digest=d.digest)
-
-    def rebuild_manifest(self, run: RunDir) -> str:
-        """`run`'s lost or damaged manifest made anew from this plan, once its results agree (a
-        zoom may have run any of the matrix's cells)."""
-        return rebuild_sweep(run, self.manifest(run.run_id), {c.cell_id for c in self.matrix.cells})
-
-    def design_phase(self) -> PhaseRecord:
-        d = self.design
-        return PhaseRecord(1, "design", tuple(g.group_id for g in self.groups), len(self.cells), d.describe())
-
-    @property
-    def zooms(self) -> bool:
-        """Whether this plan's design leaves cells a zoom could add (a covering subset, not the product).
-        A budgeted plan's zoom runs what the budget leaves (`budget_afford`)."""
-        return self.design.spec.kind == "covering" and len(self.design.groups) < self.design.full_groups
-
 
 # A zoom phase's budget hook: (the phase's servers, most informative first; the servers this run
 # has planned before them, the design's and earlier phases') -> the prefix to run.
@@ -193,33 +80,6 @@ class RunOutcome:
     zoom_summary: str | None = None
 
 
-def stated_profile(spec: MatrixFile) -> cost.Profile:
-    """The cost its install kind states for a matrix (before the matrix's own `cost:` key)."""
-    kind = kind_of(spec.install.kind)
-    return cost.stated(kind.name, kind.cost_s)
-
-
-def rule_of(spec: AdaptiveSpec | None) -> Rule | None:
-    if spec is None:
-        return None
-    return Rule(threshold=spec.threshold, detect=spec.detect, confidence=spec.confidence, width=spec.width,
-                round=spec.round)
-
-
-def adaptive_record(spec: AdaptiveSpec | None) -> AdaptiveRecord | None:
-    if spec is None:
-        return None
-    return AdaptiveRecord(threshold=spec.threshold, detect=spec.detect, confidence=spec.confidence,
-                          round=spec.round, width=spec.width)
-
-
-def recorded_adaptive(manifest: SweepManifest) -> AdaptiveSpec | None:
-    r = manifest.adaptive
-    if r is None:
-        return None
-    return AdaptiveSpec(threshold=r.threshold, detect=r.detect, confidence=r.confidence, round=r.round, width=r.width)
-
-
 def make_plan(matrix_path: str | Path, runs_dir: str | Path, *, resolve: bool = True,
               design_spec: DesignSpec | None = None, adaptive: bool | AdaptiveSpec | None = None,
               budget_hours: float | None = None, cut: Slice | None = None) -> Plan:
@@ -234,18 +94,9 @@ def make_plan(matrix_path: str | Path, runs_dir: str | Path, *, resolve: bool = 
 
         data, pos = load(matrix_path)
         matrix = apply_slice(matrix, data, pos, cut)
-    chosen = design.choose(matrix, design_spec or matrix.spec.design_spec)
-    rule: AdaptiveSpec | None
-    if isinstance(adaptive, AdaptiveSpec):
-        rule = adaptive
-    elif adaptive:
-        rule = matrix.spec.adaptive_spec or AdaptiveSpec()
-    elif adaptive is None:
-        rule = matrix.spec.adaptive_spec
-    else:
-        rule = None
-    if budget_hours is not None and not (budget_hours > 0 and budget_hours < float("inf")):
-        raise ConfigError(f"expected a number of GPU-hours above 0, got {budget_hours:g}", key="--budget")
+    chosen = choose_design(matrix, design_spec)
+    rule = adaptive_spec(matrix.spec, adaptive)
+    budget_s = None if budget_hours is None else budget_seconds(budget_hours)
     suite = load_suites(matrix.suite_paths)
     install = matrix.spec.install
     remote = install.repo is not None and gitrepo.is_url(install.repo)
@@ -268,13 +119,8 @@ def make_plan(matrix_path: str | Path, runs_dir: str | Path, *, resolve: bool = 
             except GitError as exc:
                 raise ConfigError(str(exc), file=matrix.path, key="axes.commit") from None
     order = history_order(repo, commit_axis(matrix.raw, shas), shas)
-    plan = Plan(matrix, suite, repo, shas, chosen, order, adaptive=rule)
-    if budget_hours is not None:
-        # Fitted with the stated profile, so that a resumed run fits the same servers.
-        plan.budget = budget.fit(chosen.groups, plan.profile, requests_per_cell=plan.modelled_requests_per_cell(),
-                                 gpus=matrix.spec.gpus_per_cell, installs=True,
-                                 budget_s=budget_hours * 3600.0)
-    return plan
+    return plan_of(matrix, suite, chosen, repo=repo, shas=shas, stated=stated_profile(matrix.spec), commit_order=order,
+                   adaptive=rule, budget_s=budget_s)
 
 
 def _resumed_design(run_id: str, old: SweepManifest, asked: DesignSpec | None) -> DesignSpec:
@@ -285,14 +131,6 @@ def _resumed_design(run_id: str, old: SweepManifest, asked: DesignSpec | None) -
         raise StoreError(f"run {run_id} ran the design {_design_name(spec)}, not {_design_name(asked)}; resume it "
                          "without --design, or start a new run")
     return spec
-
-
-def recorded_design(manifest: SweepManifest) -> DesignSpec:
-    """The design a manifest records (the full product before designs were recorded)."""
-    record = manifest.design
-    if record is None or record.kind == "full":
-        return DesignSpec(kind="full")
-    return DesignSpec(kind="covering", strength=record.strength, seed=record.seed)
 
 
 def _design_name(spec: DesignSpec) -> str:
@@ -316,9 +154,14 @@ def history_order(repo: Path | None, refs: Sequence[str], shas: Mapping[str, str
     return tuple(sorted(refs, key=lambda r: (depth[r], list(refs).index(r))))
 
 
+def job_spec(plan: Plan) -> MatrixFile:
+    """The matrix as a group's job carries it to a node (no driver path), with the plan's stopping rule."""
+    return portable_spec(plan.matrix).model_copy(update={"adaptive": plan.adaptive or False})
+
+
 def jobs_for(plan: Plan, run: RunDir, cache_dir: Path | None,
              groups: Sequence[ServerGroup] | None = None) -> list[GroupJob]:
-    spec, source = plan.job_spec, plan.repo_source
+    spec, source = job_spec(plan), repo_source(plan.matrix.spec.install, plan.repo)
     return [GroupJob(run_id=run.run_id, group=g, spec=spec, suite=plan.suite, sha=plan.shas.get(g.head.commit),
                      repo=source, cache_dir=str(Path(cache_dir).absolute()) if cache_dir else None)
             for g in (plan.groups if groups is None else groups)]
@@ -352,7 +195,7 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | N
                          cut=cut)
         if run.manifest_problem():
             # Rebuilt from this matrix, once the results say they were made from it.
-            notes.append(plan.rebuild_manifest(run))
+            notes.append(rebuild_manifest(plan, run))
         check_same_run(resume, run.read_manifest(), plan)
         # A damaged group is not done: its files go aside (kept) and the group runs again.
         damage = run.scan(probes=False, manifest=False).damage
@@ -364,7 +207,7 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | N
         plan = make_plan(matrix_path, runs_dir, design_spec=design_spec, adaptive=adaptive, budget_hours=budget_hours,
                          cut=cut)
         run = open_run(runs_dir, run_id or new_run_id(plan.matrix.name), create=True)
-        run.write_manifest(plan.manifest(run.run_id))
+        run.write_manifest(sweep_manifest(plan, run.run_id))
     done = run.done_groups()
     # A run written before cell ids kept every value names its groups the old way.
     jobs = [j for j in jobs_for(plan, run, cache_dir)
@@ -388,6 +231,12 @@ def run_matrix(matrix_path: str | Path, *, runs_dir: str | Path, run_id: str | N
     except KeyboardInterrupt:
         raise Interrupted(run.uri, run.run_id) from None
     return outcome
+
+
+def rebuild_manifest(plan: Plan, run: RunDir) -> str:
+    """`run`'s lost or damaged manifest made anew from `plan`, once its results agree (a zoom may have
+    run any of the matrix's cells)."""
+    return rebuild_sweep(run, sweep_manifest(plan, run.run_id), {c.cell_id for c in plan.matrix.cells})
 
 
 def check_same_run(run_id: str, old: object, plan: Plan) -> None:
@@ -428,7 +277,7 @@ def _run_jobs(ex: Executor, run: RunDir, jobs: Sequence[GroupJob], outcome: RunO
         # The log first (a group without a server has none): a group is done once its cells are written.
         if result.log:
             run.write_log(result.group_id, result.log_text())
-        run.write_group(result.group_id, result.samples, result.cells)
+        run.write_group(result.group_id, result.samples, result.cells, result.metrics)
         outcome.ran.append(result.group_id)
         if on_group:
             on_group(job, result)
@@ -482,13 +331,13 @@ def _zoom(plan: Plan, run: RunDir, ex: Executor, outcome: RunOutcome, options: Z
 def budget_afford(plan: Plan) -> Afford:
     """The zoom's hook under `sweep matrix --budget`: the longest prefix of a zoom phase's servers
     (most informative first) that fits into the budget once every phase so far is paid as the cost
-    model prices it (the plan's: its stated profile and modelled samples per cell, as the design's
-    servers were fitted; an install is paid once per commit)."""
+    model prices it (`Plan.price_beside`): a sweep's ledger charges nothing measured, its phases are
+    priced whole, the design's servers with them."""
     assert plan.budget is not None
-    budget_s = plan.budget.budget_s
+    ledger = Ledger(plan.budget.budget_s)
 
     def afford(groups: tuple[ServerGroup, ...], held: tuple[ServerGroup, ...]) -> tuple[ServerGroup, ...]:
-        return prefix_within(plan, groups, budget_s, held=held)
+        return ledger.afford(groups, plan.price_beside(held))
     return afford
 
 
@@ -497,16 +346,6 @@ def _held(plan: Plan, outcome: RunOutcome) -> tuple[ServerGroup, ...]:
     by_id = {g.group_id: g for g in plan.matrix.groups()}
     ran = {gid for p in outcome.phases for gid in p.groups} | {g.group_id for g in plan.groups}
     return tuple(by_id[g] for g in sorted(ran) if g in by_id)
-
-
-def prefix_within(plan: Plan, groups: tuple[ServerGroup, ...], room_s: float,
-                  held: tuple[ServerGroup, ...] = ()) -> tuple[ServerGroup, ...]:
-    """The longest prefix of `groups` whose modelled GPU-seconds, with the servers `held` already paid
-    for beside them (their installs shared), stay within `room_s`."""
-    n = 0
-    while n < len(groups) and plan.estimate(held + groups[:n + 1]).gpu_seconds <= room_s:
-        n += 1
-    return groups[:n]
 
 
 def ran_levels(cells: pd.DataFrame) -> dict[str, dict[str, str | None]]:

@@ -32,7 +32,7 @@ from typing import Any
 import pandas as pd
 
 from sweeper.drivers.bisect import BisectOptions, BisectScope, Subject, bisect_cells
-from sweeper.drivers.sweep import Afford, Plan, ZoomOptions, make_plan, prefix_within, run_matrix
+from sweeper.drivers.sweep import Afford, ZoomOptions, make_plan, run_matrix
 from sweeper.errors import ConfigError, GitError, Interrupted, StoreError, SweepError
 from sweeper.execute.executor import ExecutorFactory
 from sweeper.install import git as gitrepo
@@ -41,6 +41,8 @@ from sweeper.install.matrix_loader import load_matrix
 from sweeper.install.repository import repo_for
 from sweeper.judge.axis_levels import axes_map, value_text
 from sweeper.judge.explain import ModeExplanation
+from sweeper.plan.budget import Ledger
+from sweeper.plan.sweep_plan import Plan
 from sweeper.reports import triage as triage_report
 from sweeper.reports.tables import is_failing
 from sweeper.spec.matrix import Cell, DesignSpec, ServerGroup
@@ -72,6 +74,11 @@ class TriageOptions:
     confidence: float = 0.99
     max_samples: int | None = None
     parallel: int | None = None
+    # The bisects' search, as `sweep bisect --bumps/--expect-changes` set it (`BisectOptions`' fields):
+    # the defaults are tuned for one change per mode; more is opt-in at its measured price.
+    bump_width: int | None = None
+    quiet_scan: bool = True
+    expected_changes: float = 1.0
 
 
 @dataclass
@@ -177,15 +184,18 @@ class Triage:
 
     # ---- budget ---------------------------------------------------------------------------------
 
-    def left_s(self) -> float | None:
-        budget = self.record.budget_h
-        return None if budget is None else budget * 3600.0 - self.record.gpu_s
+    def ledger(self, *, held_s: float = 0.0) -> Ledger:
+        """The triage's budget: what its phases spent (their cells' GPU-seconds), and `held_s`
+        promised to phases under way."""
+        return Ledger.of_hours(self.record.budget_h, spent_s=self.record.gpu_s, held_s=held_s)
 
     def affordable(self, phase: Phase) -> bool:
         """Whether the budget covers the phase's modelled cost; if not, the phase is recorded as skipped."""
-        left = self.left_s()
-        if left is None or phase.modelled_gpu_s is None or phase.modelled_gpu_s <= left:
+        ledger = self.ledger()
+        if ledger.fits(phase.modelled_gpu_s):
             return True
+        left = ledger.left()
+        assert left is not None and phase.modelled_gpu_s is not None  # without either, it fits
         phase.status = "skipped"
         phase.note = (f"the budget left {max(left, 0.0) / 3600:.3g} GPU-h; this phase is modelled at "
                       f"{phase.modelled_gpu_s / 3600:.3g} GPU-h")
@@ -235,9 +245,9 @@ class Triage:
             return None
 
         def afford(groups: tuple[ServerGroup, ...], held: tuple[ServerGroup, ...]) -> tuple[ServerGroup, ...]:
-            room = (self.left_s() or 0.0) - sum(p.modelled_gpu_s or 0.0 for p in self.record.phases
-                                                if p is not phase and p.status not in ("done", "skipped"))
-            return prefix_within(plan, groups, room, held=held)
+            under_way = sum(p.modelled_gpu_s or 0.0 for p in self.record.phases
+                            if p is not phase and p.status not in ("done", "skipped"))
+            return self.ledger(held_s=under_way).afford(groups, plan.price_beside(held))
         return afford
 
     def _exists(self, run_id: str) -> bool:
@@ -252,7 +262,7 @@ class Triage:
     def _bisect_budget_h(self) -> float | None:
         """What the budget leaves for the bisect, which it spends round by round (the phase is
         started only when its modelled cost fits; a harder search stops where the budget ends)."""
-        left = self.left_s()
+        left = self.ledger().left()
         return None if left is None else max(left, 0.0) / 3600.0
 
     def bisect(self, cells: list[Cell], plan: Plan) -> dict[str, Any] | None:
@@ -275,7 +285,9 @@ class Triage:
         options = BisectOptions(confidence=self.options.confidence, max_samples=self.options.max_samples,
                                 parallel=self.options.parallel, cache_dir=self.options.cache_dir,
                                 runs_dir=self.phases, run_id=None if bisect_run else "bisect",
-                                resume="bisect" if bisect_run else None, budget_h=self._bisect_budget_h())
+                                resume="bisect" if bisect_run else None, budget_h=self._bisect_budget_h(),
+                                bump_width=self.options.bump_width, quiet_scan=self.options.quiet_scan,
+                                expected_changes=self.options.expected_changes)
         outcome = bisect_cells(Subject(plan.matrix, cells, plan.suite), scope, options, executor=self.executor,
                                on_event=lambda line: self.say(f"bisect: {line}"))
         phase.status, phase.starts = "done", starts_of(outcome.run)

@@ -6,9 +6,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sweeper.drivers.sweep import Plan
 from sweeper.plan.cost import Estimate
+from sweeper.plan.sweep_plan import Plan
+from sweeper.reports.budget import budget_lines
 from sweeper.spec.matrix import Cell, canonical
+from sweeper.store.plan_records import budget_record
 
 
 def serve_line(plan: Plan, cell: Cell) -> str:
@@ -83,20 +85,7 @@ def design_text(plan: Plan) -> list[str]:
                      plan.estimate(full_groups, adaptive=False)))
     width = max(len(name) for name, _ in rows)
     lines += [f"  {name:<{width}}  {_estimate(e)}" for name, e in rows]
-    lines += budget_text(plan)
-    return lines
-
-
-def budget_text(plan: Plan) -> list[str]:
-    """For --dry-run with --budget: what fits, and the servers left untested."""
-    fit = plan.budget
-    if fit is None:
-        return []
-    lines = [(f"budget {fit.budget_s / 3600:g} GPU-hours: {len(fit.kept)} of {len(fit.kept) + len(fit.left)} "
-              f"servers fit ({fit.modelled_s / 3600:,.2f} GPU-hours modelled)")]
-    if fit.left:
-        lines.append(f"left untested: {len(fit.left)} servers, {sum(len(g.cells) for g in fit.left)} cells:")
-        lines += [f"    {g.group_id}" for g in fit.left]
+    lines += budget_lines(budget_record(plan.budget))  # what fits, and the servers left untested
     return lines
 
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import pandas as pd
 
+from sweeper.reports.budget import budget_lines
 from sweeper.store import frames as analysis
 from sweeper.store.manifest import SweepManifest
 from sweeper.store.run_folder import RunDir
 
-SHOWN = 8  # untested servers named by the report; the manifest lists them all
 COLUMNS = ["group_id", "cell_id", "commit", "commit_sha", "axes", "n_samples", "samples_planned", "stop_reason",
            "gpu_seconds", "startup_s", "duration_s", "install_s", "replay_s"]
 
@@ -28,7 +28,7 @@ def run_notes(run: RunDir, cells: pd.DataFrame | None = None) -> list[str]:
     if cells is None:
         cells = analysis.frame(analysis.load_table(run, "cells", COLUMNS))
     rows = cells.to_dict("records") if len(cells) else []
-    return [*_gpu_lines(rows, manifest), *adaptive_lines(rows), *budget_lines(manifest)]
+    return [*_gpu_lines(rows, manifest), *adaptive_lines(rows), *budget_lines(manifest.budget, manifest.phases)]
 
 
 def _gpu_lines(rows: Sequence[Mapping[str, Any]], manifest: SweepManifest) -> list[str]:
@@ -53,28 +53,6 @@ def adaptive_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     why = ", ".join(f"{stops[s]} {s}" for s in ("failing", "clean", "width", "exhausted", "server") if stops[s])
     return [(f"adaptive: {sent:,} of {planned:,} requests sent ({saved:.0%} fewer than whole suites); "
              f"cells stopped: {why}")]
-
-
-def budget_lines(manifest: SweepManifest) -> list[str]:
-    """What the budget fitted, and the servers it left untested (counted per axis value)."""
-    b = manifest.budget
-    if b is None:
-        return []
-    lines = [(f"budget: {b.gpu_hours:g} GPU-hours: {b.servers} servers ({b.cells} cells) fitted, modelled at "
-              f"{b.modelled_hours:.3f} GPU-hours")]
-    # A zoom after the design runs what the budget leaves: some of the servers it left may have run since.
-    zoomed = {g for p in manifest.phases if p.kind == "zoom" for g in p.groups}
-    if zoomed:
-        lines.append(f"  then zoom phases within what was left: {len(zoomed)} servers")
-    left = [g for g in b.left_groups if g not in zoomed]
-    if not b.left_servers or not left:
-        lines.append("  nothing left untested" if not b.left_servers else
-                     "  nothing of the design left untested (the zoom ran what the budget had left out)")
-        return lines
-    shown = ", ".join(left[:SHOWN]) + (f", … ({len(left) - SHOWN} more)" if len(left) > SHOWN else "")
-    cells = f" ({b.left_cells} cells)" if len(left) == b.left_servers else ""
-    lines.append(f"  left untested: {len(left)} servers{cells}: {shown}")
-    return lines
 
 
 def _num(value: Any) -> float:
