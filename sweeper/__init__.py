@@ -43,7 +43,7 @@ __all__ = ["Run", "__version__", "bisect", "open_run", "run_matrix", "triage"]
 
 
 def _executor(executor: str, address: str | None, gpus: float | None) -> ExecutorFactory:
-    from sweeper.execute.executor import choose
+    from sweeper.execute.choice import choose
 
     return choose(executor, address=address, gpus=gpus)
 

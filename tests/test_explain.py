@@ -17,9 +17,10 @@ from conftest import make_sim_repo
 from scipy.stats import fisher_exact
 
 from sweeper.drivers.sweep import run_matrix
-from sweeper.execute.executor import choose
+from sweeper.execute.choice import choose
 from sweeper.judge import explain
 from sweeper.judge.explain import Verdict
+from sweeper.reports import explain_text
 from sweeper.reports import tables as report
 from sweeper.spec.suite import Suite, load_suite
 from sweeper.store import frames as analysis
@@ -117,7 +118,7 @@ def test_two_terms_neither_alone(suite: Suite) -> None:
     p = fisher_exact([[10, 10], [0, 100]], alternative="greater")[1]
     assert p <= m.p_value < 1e-5
     assert m.p_adjusted == pytest.approx(11 * m.p_value)  # the smallest p of the 11: Holm multiplies by 11
-    text = explain.render(explain.explain(samples, cells, suite=suite))
+    text = explain_text.render(explain.explain(samples, cells, suite=suite))
     assert "spec_method=mtp ∧ VLLM_USE_V2_MODEL_RUNNER=1 → 10/20 failing vs 0/100 elsewhere" in text
     assert "neither alone fails" in text
 
@@ -133,7 +134,7 @@ def test_three_terms(suite: Suite) -> None:
     assert m.conjunction == "spec_method=mtp ∧ VLLM_USE_V2_MODEL_RUNNER=1 ∧ attention_backend=FLASHINFER"
     assert (str(m.inside), str(m.outside)) == ("20/20", "0/140")
     assert [str(w.count) for w in m.without] == ["0/20", "0/20", "0/20"]
-    assert "no part alone fails" in "\n".join(explain.describe(m))
+    assert "no part alone fails" in "\n".join(explain_text.describe(m))
     # With at most 2 terms there is nothing that separates it.
     assert only(explain.explain(samples, cells, suite=suite, max_terms=2)).verdict is Verdict.UNEXPLAINED
 
@@ -186,7 +187,7 @@ def test_a_confounded_design_is_not_identifiable(suite: Suite) -> None:
     assert m.verdict is Verdict.NOT_IDENTIFIABLE
     assert {m.conjunction, *(" ∧ ".join(map(str, a)) for a in m.alternatives)} == \
         {"spec_method=mtp", "VLLM_USE_V2_MODEL_RUNNER=1"}
-    assert "not identifiable in this matrix" in "\n".join(explain.describe(m))
+    assert "not identifiable in this matrix" in "\n".join(explain_text.describe(m))
 
 
 def test_a_mode_no_conjunction_explains(suite: Suite) -> None:
@@ -199,7 +200,7 @@ def test_a_mode_no_conjunction_explains(suite: Suite) -> None:
     m = only(explain.explain(samples, cells, suite=suite))
     assert m.verdict is Verdict.UNEXPLAINED and m.terms == ()
     assert m.tried == 8 and m.failures == 40
-    assert "no conjunction of at most 3 settings separates it" in "\n".join(explain.describe(m))
+    assert "no conjunction of at most 3 settings separates it" in "\n".join(explain_text.describe(m))
 
 
 def test_a_mode_of_some_commits_in_every_cell(suite: Suite) -> None:

@@ -16,6 +16,7 @@ from test_explain import BUDGET, FSM, SUITE, build, only
 
 from sweeper.judge import explain
 from sweeper.judge.explain import Verdict
+from sweeper.reports import explain_text
 from sweeper.reports.explain_json import to_json
 from sweeper.spec.suite import Suite, load_suite
 from sweeper.store import frames as analysis
@@ -76,7 +77,7 @@ def test_starts_that_disagree_count_as_less_than_their_samples(suite: Suite) -> 
     # One odd start cannot tell mtp from mtp on V2, nor either from chance.
     assert b.verdict is Verdict.TOO_FEW and b.p_adjusted is not None and b.p_adjusted > 0.01
     # The cost of the dispersion is said.
-    assert "dispersion: failures vary between server starts" in "\n".join(explain.describe(b))
+    assert "dispersion: failures vary between server starts" in "\n".join(explain_text.describe(b))
 
 
 def test_one_clean_start_does_not_make_a_planted_cell_clean(suite: Suite) -> None:
@@ -154,7 +155,7 @@ def test_identical_replays_count_for_what_they_are_worth(tmp_path: Path) -> None
     assert m.worth <= 48.5, m.worth
     assert m.verdict is Verdict.TOO_FEW and m.p_adjusted is not None and m.p_adjusted > 0.01
     assert "replays: a request sent again to the same server start mostly repeats its outcome" in \
-        "\n".join(explain.describe(m))
+        "\n".join(explain_text.describe(m))
     # The same failures on distinct requests are 20 draws, and conclusive.
     varied = only(explain.explain(*per_start(cells, 20, replays=1), suite=suite))
     assert varied.replay_rho == 0 and varied.verdict is Verdict.EXPLAINED
@@ -198,7 +199,7 @@ def test_a_part_too_small_to_tell_is_not_claimed_clean_or_failing(suite: Suite) 
     m = only(explain.explain(*per_start(cells([(0, 3)]), 20), suite=suite))
     assert (m.verdict, m.conjunction) == (Verdict.TOO_FEW, "spec_method=mtp ∧ VLLM_USE_V2_MODEL_RUNNER=1")
     assert [(str(t), str(c)) for t, c in m.unsure_parts] == [("attention_backend=FLASH_ATTN", "0/3")]
-    assert "too few samples to tell it from a narrower conjunction" in "\n".join(explain.describe(m))
+    assert "too few samples to tell it from a narrower conjunction" in "\n".join(explain_text.describe(m))
     full = only(explain.explain(*per_start(cells([0, 0]), 20), suite=suite))
     assert (full.verdict, full.conjunction) == \
         (Verdict.EXPLAINED, "spec_method=mtp ∧ VLLM_USE_V2_MODEL_RUNNER=1 ∧ attention_backend=FLASHINFER")
@@ -250,7 +251,7 @@ def test_a_conjunction_holding_every_failure_whose_terms_are_not_yet_shown_neede
     assert (m.verdict, m.conjunction) == (Verdict.TOO_FEW, "spec_method=mtp ∧ attention_backend=FLASH_ATTN ∧ serve.--dtype=bfloat16")
     assert m.unneeded and {t.axis for t in m.unneeded} <= {"spec_method", "attention_backend", "serve.--dtype"}
     assert [str(w.count) for w in m.without] == ["0/16", "0/16", "0/16"]
-    assert "too few samples to tell whether" in "\n".join(explain.describe(m))
+    assert "too few samples to tell whether" in "\n".join(explain_text.describe(m))
     doc = to_json(explain.explain(phase_samples(PHASE), None, suite=suite))["modes"][0]
     assert [t["axis"] for t in doc["unneeded_terms"]] == [t.axis for t in m.unneeded]
 
@@ -332,7 +333,7 @@ def test_failed_servers_are_a_mode_with_their_status_detail(suite: Suite) -> Non
     assert (str(m.inside), str(m.outside)) == ("6/6", "0/30")
     assert m.details == (("ValueError: MTP is not supported by Model Runner V2", 6),)
     assert m.p_value == pytest.approx(fisher_exact([[6, 0], [0, 30]], alternative="greater")[1])
-    text = explain.render(e)
+    text = explain_text.render(e)
     assert "mode 1: server_failed  (6 of 36 server starts failed)" in text
     assert "status detail: ValueError: MTP is not supported by Model Runner V2 (6 starts)" in text
 

@@ -23,21 +23,21 @@ from typing import Any
 
 import pandas as pd
 
-from sweeper.store.manifest import SWEEPER_VERSION as __version__
 from sweeper.judge.explain import (
     Classified,
     Explanation,
     Verdict,
     classify,
-    describe,
     display_axis,
     value_text,
 )
 from sweeper.judge.stats import wilson
 from sweeper.reports.bug import REDACTED, Redactor, log_lines
+from sweeper.reports.explain_text import describe
 from sweeper.spec.status import Status
 from sweeper.store import files
 from sweeper.store import frames as analysis
+from sweeper.store.manifest import SWEEPER_VERSION as __version__
 from sweeper.store.manifest import BisectManifest, Manifest, SweepManifest
 from sweeper.store.run_folder import RunDir
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
+import pyarrow.compute as pc
 
 from sweeper.errors import StoreError
 from sweeper.judge.explain import Explanation
@@ -48,9 +49,10 @@ class Run:
         each axis value in a column of its own."""
         return frames.load_cells(self.folder, columns)
 
-    def samples(self, columns: Sequence[str] | None = None) -> pd.DataFrame:
-        """One row per request sent: the cell's axis values, the answer's facts, each check's verdict."""
-        return frames.load_samples(self.folder, columns)
+    def samples(self, columns: Sequence[str] | None = None, filter: pc.Expression | None = None) -> pd.DataFrame:
+        """One row per request sent: the cell's axis values, the answer's facts, each check's verdict
+        (those `filter` keeps, e.g. `pc.field("cell_id") == cell_id`)."""
+        return frames.load_samples(self.folder, columns, filter)
 
     def duckdb(self) -> Any:
         """A DuckDB connection with one view per table of this run (`samples`, `cells`, ...)."""
