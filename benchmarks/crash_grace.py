@@ -23,7 +23,7 @@ from pathlib import Path
 
 import sweeper
 from sweeper.drivers.sweep import run_matrix
-from sweeper.execute.executor import choose
+from sweeper.execute.choice import choose
 from sweeper.store import frames as analysis
 
 WIRE_SERVER = Path(__file__).resolve().parent.parent / "tests" / "wireserver.py"

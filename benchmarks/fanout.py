@@ -34,7 +34,7 @@ import yaml
 
 from sweeper.drivers import sweep
 from sweeper.execute import ray_executor as cluster
-from sweeper.execute.executor import choose
+from sweeper.execute.choice import choose
 from sweeper.store import frames as analysis
 
 ROOT = Path(__file__).parent.parent

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from sweeper.drivers.sweep import run_matrix
-from sweeper.execute.executor import choose
+from sweeper.execute.choice import choose
 from sweeper.install.matrix_loader import load_matrix
 from sweeper.store import frames as analysis
 

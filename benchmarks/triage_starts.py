@@ -24,7 +24,7 @@ from pathlib import Path
 from sweeper.drivers.bisect import BisectOptions, BisectScope, Subject, bisect_cells, run_bisect
 from sweeper.drivers.sweep import run_matrix
 from sweeper.drivers.triage import TriageOptions, TriageScope, run_triage
-from sweeper.execute.executor import choose
+from sweeper.execute.choice import choose
 from sweeper.install.matrix_loader import load_matrix
 from sweeper.spec.suite import load_suites
 

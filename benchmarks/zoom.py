@@ -91,7 +91,7 @@ def one(task: tuple[str, int, bool, int, tuple[str, ...]]) -> dict[str, Any]:
             t0 = time.monotonic()
             spec = DesignSpec(kind="full") if arm in WHOLE else DesignSpec(kind="covering", strength=3, seed=seed)
             if real:
-                from sweeper.execute.executor import choose
+                from sweeper.execute.choice import choose
 
                 factory: Any = choose("local")
             else:

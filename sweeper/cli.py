@@ -116,7 +116,7 @@ def matrix_cmd(
     """
     from sweeper.drivers import sweep
     from sweeper.errors import ConfigError
-    from sweeper.execute.executor import choose
+    from sweeper.execute.choice import choose
     from sweeper.reports import preview, spend
     from sweeper.reports import tables as report
     from sweeper.spec.matrix import DESIGN_EXPECTED, design_from_text
@@ -583,7 +583,7 @@ def bisect_cmd(
     """
     from sweeper.drivers import bisect as driver
     from sweeper.errors import ConfigError
-    from sweeper.execute.executor import choose
+    from sweeper.execute.choice import choose
     from sweeper.reports import bisect as report
 
     scope = driver.BisectScope(good=good, bad=bad, matrix_path=matrix, from_run=run, where=tuple(where or ()),
@@ -645,7 +645,7 @@ def triage_cmd(
 
     from sweeper.drivers import triage
     from sweeper.errors import ConfigError
-    from sweeper.execute.executor import choose
+    from sweeper.execute.choice import choose
     from sweeper.reports import triage as triage_report
     from sweeper.spec.matrix import DESIGN_EXPECTED, design_from_text
     from sweeper.store.triage_record import to_json as record_json

@@ -18,7 +18,7 @@ import filelock
 import pytest
 
 from sweeper.drivers.sweep import run_matrix
-from sweeper.execute.executor import choose
+from sweeper.execute.choice import choose
 from sweeper.store.run_folder import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent

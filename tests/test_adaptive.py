@@ -14,7 +14,7 @@ from conftest import make_sim_repo, run_cli
 
 from sweeper.drivers.sweep import make_plan, run_matrix
 from sweeper.errors import ConfigError
-from sweeper.execute.executor import choose as executor
+from sweeper.execute.choice import choose as executor
 from sweeper.install.matrix_loader import load_matrix
 from sweeper.plan import budget, cost
 from sweeper.store import frames as analysis

@@ -18,7 +18,7 @@ from conftest import make_sim_repo, starts_in_logs
 from sweeper.drivers.bisect import BisectOptions, BisectScope, run_bisect
 from sweeper.drivers.sweep import run_matrix
 from sweeper.errors import BisectError
-from sweeper.execute.executor import choose
+from sweeper.execute.choice import choose
 from sweeper.install.cache import list_environments
 from sweeper.reports.bisect import render
 from sweeper.store import frames as analysis

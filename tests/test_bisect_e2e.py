@@ -17,7 +17,7 @@ from conftest import wait_for_files
 
 from sweeper.drivers.bisect import BisectOptions, BisectScope, run_bisect
 from sweeper.errors import BisectError
-from sweeper.execute.executor import choose
+from sweeper.execute.choice import choose
 from sweeper.store import frames as analysis
 from sweeper.store.run_folder import RunDir
 

@@ -105,7 +105,7 @@ def test_a_server_that_failed_is_a_bug_report_with_its_reason(tmp_path: Path, ti
     from conftest import make_sim_repo, run_cli
 
     from sweeper.drivers.sweep import run_matrix
-    from sweeper.execute.executor import choose
+    from sweeper.execute.choice import choose
 
     repo = tmp_path / "vllm"
     make_sim_repo(repo, [("main", {})])

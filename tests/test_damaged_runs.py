@@ -31,7 +31,7 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     from conftest import SUITE
 
     from sweeper.drivers.sweep import run_matrix
-    from sweeper.execute.executor import choose
+    from sweeper.execute.choice import choose
 
     tmp = tmp_path_factory.mktemp("made")
     (tmp / "tiny.yaml").write_text(SUITE)

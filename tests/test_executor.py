@@ -12,7 +12,7 @@ import pytest
 from conftest import make_sim_repo, run_cli
 
 from sweeper.errors import ClusterError
-from sweeper.execute.executor import choose
+from sweeper.execute.choice import choose
 from sweeper.execute.inprocess import InProcess, deal_devices
 from sweeper.install.matrix_loader import load_matrix
 from sweeper.store import frames as analysis

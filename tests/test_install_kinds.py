@@ -18,7 +18,7 @@ from conftest import FAST
 
 from sweeper.drivers.sweep import run_matrix
 from sweeper.errors import ConfigError
-from sweeper.execute.executor import choose
+from sweeper.execute.choice import choose
 from sweeper.install import registry as install
 from sweeper.install.cache import list_environments
 from sweeper.install.kind import InstallKind, Recipe, digest, settings_of, slug

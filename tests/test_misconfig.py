@@ -11,7 +11,7 @@ from conftest import make_sim_repo, run_cli
 
 from sweeper.drivers.preflight import check, pinned_env_names
 from sweeper.drivers.sweep import make_plan, run_matrix
-from sweeper.execute.executor import choose
+from sweeper.execute.choice import choose
 from sweeper.reports import tables as report
 from sweeper.store import frames as analysis
 from sweeper.store.run_folder import RunDir

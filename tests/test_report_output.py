@@ -346,7 +346,7 @@ def test_a_bisect_of_one_start_a_round_says_so_in_the_singular(tmp_path: Path, t
     from conftest import crash_history
 
     from sweeper.drivers.bisect import BisectOptions, BisectScope, run_bisect
-    from sweeper.execute.executor import choose
+    from sweeper.execute.choice import choose
 
     crash_history(tmp_path, tiny_suite, 2, crash_from=1, after_requests=1)
     events: list[str] = []

@@ -270,7 +270,7 @@ def run_notebook(path: Path, run_dir: Path, env: dict[str, str] | None = None) -
 
 def test_the_notebook_finds_the_runs_where_the_cli_does(tmp_path: Path, tiny_suite: Path) -> None:
     """SWEEP_RUNS_DIR, the variable of every command's --runs-dir, is the notebook's too."""
-    from sweeper.execute.executor import choose
+    from sweeper.execute.choice import choose
 
     repo = tmp_path / "vllm"
     make_sim_repo(repo, [("main", {})])

@@ -248,7 +248,7 @@ def test_a_sweep_of_misbehaving_servers_names_each_failure(tmp_path: Path, capsy
     from conftest import run_cli
 
     from sweeper.drivers.sweep import run_matrix
-    from sweeper.execute.executor import choose
+    from sweeper.execute.choice import choose
     from sweeper.store import frames as analysis
 
     (tmp_path / "s.yaml").write_text(SUITE)
@@ -304,7 +304,7 @@ def test_the_simulator_answers_whole_streamed_and_plain(tmp_path: Path) -> None:
     from conftest import make_sim_repo
 
     from sweeper.drivers.sweep import run_matrix
-    from sweeper.execute.executor import choose
+    from sweeper.execute.choice import choose
     from sweeper.store import frames as analysis
 
     (tmp_path / "s.yaml").write_text(SUITE.replace("{finish_reason: {expected: stop}}",

@@ -12,7 +12,7 @@ import pytest
 from conftest import make_sim_repo, run_cli, starts_in_logs
 
 from sweeper.drivers.sweep import ZoomOptions, run_matrix
-from sweeper.execute.executor import choose as executor
+from sweeper.execute.choice import choose as executor
 from sweeper.install.matrix_loader import load_matrix
 from sweeper.judge.explain import Verdict
 from sweeper.plan.design import choose

@@ -25,7 +25,8 @@ import pyarrow.dataset as ds
 
 from sweeper.drivers.sweep import Plan, RunOutcome, jobs_for, resumed_plan
 from sweeper.errors import ConfigError, Interrupted, StoreError
-from sweeper.execute.executor import ExecutorFactory, choose
+from sweeper.execute.choice import choose
+from sweeper.execute.executor import ExecutorFactory
 from sweeper.execute.runner import GroupJob, GroupResult
 from sweeper.spec.matrix import Cell, ServerGroup, legacy_cell_id
 from sweeper.spec.matrix_slice import matching

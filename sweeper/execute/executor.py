@@ -3,26 +3,18 @@
 A driver (sweep, bisect) hands group jobs to an executor and stores what comes back; it never knows
 whether they ran as Ray tasks over a cluster (`sweeper.execute.ray_executor.Cluster`, the default) or in this
 process (`sweeper.execute.inprocess.InProcess`: tests, one box without Ray, debugging). The CLI chooses
-one by name; a driver receives a factory that opens it for the matrix, since a local executor's
-slots depend on what the matrix runs (logical GPU slots for the simulator, never for real vLLM).
+one by name (`sweeper.execute.choice`); a driver receives a factory that opens it for the matrix.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from enum import StrEnum
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, Self
-
-from sweeper.errors import ClusterError
-from sweeper.install.registry import kind_of
 
 if TYPE_CHECKING:
     from sweeper.execute.runner import GroupJob, GroupResult
     from sweeper.spec.matrix import Matrix
-
-# Logical GPU slots a local executor declares for simulator cells when --gpus is not given.
-DEFAULT_LOGICAL_GPUS = 4
 
 OnStart = Callable[["GroupJob"], None]
 OnRetry = Callable[["GroupJob", int, str], None]
@@ -52,43 +44,3 @@ class Executor(Protocol):
 
 
 ExecutorFactory = Callable[["Matrix"], Executor]
-
-
-class ExecutorKind(StrEnum):
-    RAY = "ray"
-    LOCAL = "local"
-
-
-def logical_gpus(matrix: Matrix, gpus: float | None) -> float | None:
-    """GPU slots a local executor declares: for the simulator (default 4), never for real vLLM
-    (the install kind says which it is)."""
-    if kind_of(matrix.spec.install.kind).logical_gpus:
-        return gpus if gpus is not None else DEFAULT_LOGICAL_GPUS
-    return gpus
-
-
-def choose(kind: ExecutorKind | str = ExecutorKind.RAY, *, address: str | None = None,
-           gpus: float | None = None) -> ExecutorFactory:
-    """The factory for `--executor KIND`: Ray (a cluster at `address`/RAY_ADDRESS, else a local
-    one) or in-process. `gpus` declares logical GPU slots for simulator runs."""
-    try:
-        kind = ExecutorKind(kind)
-    except ValueError:
-        raise ClusterError(f"--executor {kind!r}: expected one of {', '.join(k.value for k in ExecutorKind)}") from None
-    if kind is ExecutorKind.LOCAL:
-        if address:
-            raise ClusterError("--address names a Ray cluster; it cannot be used with --executor local")
-
-        def local(matrix: Matrix) -> Executor:
-            from sweeper.execute.inprocess import InProcess
-
-            return InProcess(logical_gpus=logical_gpus(matrix, gpus))
-
-        return local
-
-    def ray(matrix: Matrix) -> Executor:
-        from sweeper.execute.ray_executor import Cluster
-
-        return Cluster(address, logical_gpus=logical_gpus(matrix, gpus))
-
-    return ray

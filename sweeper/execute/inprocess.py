@@ -23,14 +23,11 @@ import threading
 import traceback
 from collections.abc import Iterator, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import Self
 
 from sweeper.errors import ClusterError
+from sweeper.execute.executor import OnRetry, OnStart
 from sweeper.execute.runner import GroupJob, GroupResult, error_result, run_group
-
-if TYPE_CHECKING:
-    # Annotations only: `executor.choose` imports this module, so a runtime import would be a circle.
-    from sweeper.execute.executor import OnRetry, OnStart
 
 # How often the driver's thread wakes while waiting, so that Ctrl-C is seen promptly.
 WAIT_S = 0.5

@@ -20,13 +20,14 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
 from sweeper.errors import ClusterError
+from sweeper.execute.executor import OnRetry, OnStart
 from sweeper.execute.runner import GroupJob, GroupResult, error_result, run_group
 from sweeper.store import files
 
@@ -291,8 +292,8 @@ class Cluster:
             self._bundles[source.digest] = ray.put(source.bundle)
         return dataclasses.replace(job, repo=source.with_bundle(self._bundles[source.digest]))
 
-    def run(self, jobs: Sequence[GroupJob], *, on_start: Callable[[GroupJob], None] | None = None,
-            on_retry: Callable[[GroupJob, int, str], None] | None = None, timeout_s: float | None = None,
+    def run(self, jobs: Sequence[GroupJob], *, on_start: OnStart | None = None,
+            on_retry: OnRetry | None = None, timeout_s: float | None = None,
             max_attempts: int = MAX_ATTEMPTS) -> Iterator[tuple[GroupJob, GroupResult]]:
         """Submit every job; yield each (job, result) as it finishes, in completion order, exactly
         once per job. A job lost with its node or worker is submitted again (`on_retry(job, attempt,
