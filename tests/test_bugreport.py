@@ -42,6 +42,8 @@ def test_issue_holds_fingerprint_argv_and_a_curl_line_that_reproduces(secret_run
     env_block = blocks(md, "text")[0]
     assert "vLLM version                 : 0.28.1.dev4" in env_block and f"vLLM commit                  : {sha}" in env_block
     assert "**Minimal failing configuration:** `spec_method=mtp ∧ VLLM_USE_V2_MODEL_RUNNER=1` → 20/20" in md
+    # The report names the test explain ran (per-start counts, Holm), not a plain Fisher test.
+    assert "(one-sided Fisher on per-start effective counts (beta-binomial dispersion), Holm-adjusted over " in md
     assert "- `VLLM_USE_V2_MODEL_RUNNER=0`: 0/20 fail — passes" in md and "- `spec_method=none`: 0/20 fail — passes" in md
 
     serve, curl = blocks(md, "bash")

@@ -23,6 +23,7 @@ from typing import Any
 import pandas as pd
 
 from sweeper.errors import SweepError
+from sweeper.judge.explain import TEST as TEST_NAME
 from sweeper.judge.explain import (
     Classified,
     Explanation,
@@ -317,9 +318,10 @@ def _server_issue(ctx: _Context, m: ModeExplanation, cell_id: str, cell: Mapping
 def _minimal(m: ModeExplanation, r: Redactor) -> list[str]:
     lines = [f"**Failure mode:** `{m.mode}` — {m.failures:,} failing {m.unit}."]
     if m.verdict in (Verdict.EXPLAINED, Verdict.NOT_IDENTIFIABLE, Verdict.TOO_FEW):
-        lines.append(f"**Minimal failing configuration:** `{m.conjunction}` → {m.inside} requests fail vs "
-                     f"{m.outside} elsewhere on the same commits (Fisher exact test, Holm-corrected over "
-                     f"{m.tried:,} conjunctions: adjusted p = {m.p_adjusted:.2g}).")
+        # The test named is the one explain ran (`TEST`), so that a maintainer can weigh the p-value.
+        lines.append(f"**Minimal failing configuration:** `{m.conjunction}` → {m.inside} {m.unit} fail vs "
+                     f"{m.outside} elsewhere on the same commits ({TEST_NAME} over {m.tried:,} conjunctions: "
+                     f"adjusted p = {m.p_adjusted:.2g}).")
         for w in m.without:
             others = " ∧ ".join(str(t) for t in m.terms if t != w.term)
             lines.append(f"- `{others}` without `{w.term}`: {w.count} fail")
