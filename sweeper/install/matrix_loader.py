@@ -10,6 +10,7 @@ files exist) are here too, so the parse reads nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 from pathlib import Path
@@ -18,6 +19,8 @@ from typing import Any
 from sweeper.errors import clip
 from sweeper.install import registry
 from sweeper.install.sim import Sim
+from sweeper.spec.bench import read_bench_files
+from sweeper.spec import bench_sweep_params
 from sweeper.spec.matrix import KindFacts, Matrix, MatrixFile, build_matrix, resolve_path, suite_names
 from sweeper.spec.yamlfile import Positions, load, os_reason
 
@@ -43,8 +46,13 @@ def parse_matrix(data: Any, pos: Positions, path: str) -> Matrix:
 def load_matrix(path: str | Path) -> Matrix:
     """Read and parse a matrix file, then check the files it names (its suites) exist."""
     data, pos = load(path)
+    # `vllm bench sweep` param files named by the matrix become its axes and load points.
+    data = bench_sweep_params.apply(data, pos, str(path))
     matrix = parse_matrix(data, pos, str(path))
     _check_suites(matrix.spec, pos, str(path))
+    bench = read_bench_files(matrix.spec.bench, pos, str(path))  # a `jsonl:` dataset's prompts, by value
+    if bench is not matrix.spec.bench:
+        matrix = dataclasses.replace(matrix, spec=matrix.spec.model_copy(update={"bench": bench}))
     return matrix
 
 
