@@ -19,8 +19,8 @@ from typing import Any
 from sweeper.errors import clip
 from sweeper.install import registry
 from sweeper.install.sim import Sim
-from sweeper.spec.bench import read_bench_files
 from sweeper.spec import bench_sweep_params
+from sweeper.spec.bench import read_bench_files
 from sweeper.spec.matrix import KindFacts, Matrix, MatrixFile, build_matrix, resolve_path, suite_names
 from sweeper.spec.yamlfile import Positions, load, os_reason
 
