@@ -53,6 +53,7 @@ from typing import Annotated, Any, Literal
 import pydantic
 
 from sweeper.errors import clip
+from sweeper.spec.bench import BenchSpec, check_bench
 from sweeper.spec.yamlfile import PathKey, Positions, path_problem, validate
 
 # A cell's commit when the matrix has no commit axis and the caller names no install kind's default.
@@ -251,6 +252,8 @@ class MatrixFile(_Strict):
     cost: CostKey = CostKey()
     # `true`, `false`, or the rule's settings (AdaptiveSpec): cells stop once their verdict is settled.
     adaptive: bool | AdaptiveSpec = False
+    # A load phase on every server start, measuring serving metrics (`sweeper.spec.bench`).
+    bench: BenchSpec | None = None
 
     @property
     def design_spec(self) -> DesignSpec:
@@ -668,6 +671,7 @@ def build_matrix(data: Any, pos: Positions, path: str, kinds: KindFacts) -> Matr
     _check_install(data, pos, kinds.names)
     spec = validate(MatrixFile, data, pos, context={KIND_NAMES: kinds.names})
     _check_settings(spec, pos, kinds.sim_histories)
+    check_bench(spec.bench, pos)
     axes = _parse_axes(spec, pos)
     names = {n for n, _ in axes}
     for kind in ("exclude", "include"):
