@@ -1,9 +1,11 @@
-"""Bisect: find every change of every failure mode in a commit range.
+"""Bisect: the pure search for every change of every failure mode in a commit range.
 
-Pure: `search` (the ask/tell search), `segments` (its statistics), `modes` (failed checks into
-failure modes), `select` (which cells to bisect) and `report` (bisect.json and its text). The shell:
-`evidence` (what is stored of each cell, read from the runs) and `driver` (probes through an
-executor, results to the store).
+Pure, all of it: `search` (the ask/tell search and its result types), `rules` (what the search wants
+next, free functions of the read-only `view` of it), `sizing` (samples per server start), `options`
+(its knobs), `segments` (the change-point posterior), `drift` (a rate that ramps instead of
+stepping) and `select` (which cells to bisect). The per-start likelihood the posterior is built on
+and the failure modes belong to `sweeper.judge`; the driver that runs probes is in `sweeper.drivers`,
+the report and progress in `sweeper.reports`.
 """
 
 from sweeper.bisect.search import (

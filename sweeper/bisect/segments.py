@@ -15,7 +15,8 @@ Model, for the commits c_0 .. c_N of a first-parent range:
   forbidding small ones: a small change is just less likely a priori and needs more samples, never
   a hard cut.
 * One server start (a probe) of n samples at a commit of rate r fails k times with a beta-binomial
-  law of mean r and intra-class correlation rho: a start draws its own rate around r. rho is
+  law of mean r and intra-class correlation rho: a start draws its own rate around r (the per-start
+  model, `sweeper.judge.start_model`, which holds the rate and dispersion priors' grids). rho is
   unknown, with a discrete prior that puts 40 % on 0, and is learned from the data of the mode
   (repeated starts of a commit, and commits of one segment, disagree more than binomially when
   rho > 0). The posterior mixes over rho; a gap's change is also given at each rho the data leave
@@ -36,37 +37,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
-from scipy.special import betaln
 
+from sweeper.judge.start_model import RHO_CREDIBLE, FloatArray, StartPrior, logsumexp, start_loglik
 from sweeper.judge.stats import wilson
-
-FloatArray = npt.NDArray[np.float64]
 
 # Odds within this factor of each other are one rate to the change-point model (`Prior.same_within`).
 SAME_WITHIN = 1.15
-RHO_CREDIBLE = 0.05  # a dispersion with this much posterior mass is one the data have not ruled out
-_LOG_ZERO = -1.0e6  # log(0) that keeps 0 * log(0) finite in vectorised sums
-_EPS = 1e-4
 
-
-def logsumexp(a: FloatArray, axis: int | None = None) -> FloatArray:
-    """log(sum(exp(a))) along `axis`; scipy's version costs ~0.5 ms a call in overhead alone."""
-    m = np.max(a, axis=axis, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0.0)
-    with np.errstate(divide="ignore"):
-        out: FloatArray = np.log(np.sum(np.exp(a - m), axis=axis, keepdims=True)) + m
-    return np.squeeze(out, axis=axis) if axis is not None else out.reshape(())
+__all__ = ["RHO_CREDIBLE", "SAME_WITHIN", "FloatArray", "ModePosterior", "Prior", "Rate", "Segment", "Start",
+           "posterior"]
 
 
 @dataclass(frozen=True)
-class Prior:
-    """The rate grid with its weights, the dispersion grid, and the change rate."""
+class Prior(StartPrior):
+    """The per-start prior (`sweeper.judge.start_model`) and the change rate along the range."""
 
-    rates: FloatArray
-    log_w: FloatArray
-    rhos: FloatArray
-    log_w_rho: FloatArray
     expected_changes: float
     # A single cut between segment rates whose odds differ by at most this factor is no change: a
     # step that small is below what the search resolves (it plans for `min_contrast` steps), and a
@@ -77,57 +62,8 @@ class Prior:
     def default(cls, *, points: int = 64, zero_mass: float = 0.0, expected_changes: float = 1.0,
                 rhos: Sequence[float] = (0.0, 0.01, 0.03, 0.06, 0.1, 0.15, 0.2, 0.35),
                 rho_zero_mass: float = 0.4, same_within: float = SAME_WITHIN) -> Prior:
-        lo, hi = math.log(_EPS / (1 - _EPS)), math.log((1 - _EPS) / _EPS)
-        grid = 1.0 / (1.0 + np.exp(-np.linspace(lo, hi, points)))
-        rates = np.concatenate([[0.0], grid])
-        w = np.concatenate([[zero_mass], np.full(points, (1 - zero_mass) / points)])
-        r = np.asarray(rhos, dtype=np.float64)
-        w_rho = np.where(r == 0, rho_zero_mass, (1 - rho_zero_mass) / max(1, int((r > 0).sum())))
-        with np.errstate(divide="ignore"):  # no atom at 0: its weight's log is -inf
-            log_w = np.log(w)
-        return cls(rates, log_w, r, np.log(w_rho / w_rho.sum()), expected_changes, same_within)
-
-    def refined(self, failures: npt.ArrayLike, samples: npt.ArrayLike, *, max_points: int = 256) -> Prior:
-        """The same prior on a grid dense enough for these per-commit counts: extra rates between the
-        lowest and the highest rate the commits show, spaced at the logit standard error of all samples
-        pooled (a rate off a grid point by half that costs an eighth of a log unit; at most `max_points`
-        of them), each weighted by the logit width it stands for.
-
-        A grid far coarser than the likelihood is a poor quadrature: a segment's marginal is then that
-        of the nearest grid rate, and pooled counts lying between two grid rates fit better split in two
-        (two segments, each nearer a rate of its own) than whole. With 10^5 samples of one constant rate
-        that gap was tens of log units, and a "change" was claimed at 0.9999 where none was."""
-        k = np.asarray(failures, dtype=np.float64)
-        n = np.asarray(samples, dtype=np.float64)
-        keep = n > 0
-        k, n = k[keep], n[keep]
-        positive = self.rates[self.rates > 0]
-        if n.size == 0 or positive.size < 2:
-            return self
-        x = np.log(positive / (1 - positive))
-        lo_x, hi_x = float(x[0]), float(x[-1])
-        step = float(np.max(np.diff(x)))
-        pooled = float(k.sum() / n.sum())
-        p = min(max(pooled, 1.0 / n.sum()), 1 - 1.0 / n.sum())
-        fine = 1.0 / math.sqrt(float(n.sum()) * p * (1 - p))
-        if fine >= step:  # the likelihood is wider than the grid's step: the grid will do
-            return self
-        # Each commit's rate, pulled off 0 and 1 by half a failure, bounds the window.
-        r = np.clip((k + 0.5) / (n + 1.0), positive[0], positive[-1])
-        xr = np.log(r / (1 - r))
-        a, b = float(xr.min()) - step, float(xr.max()) + step
-        a, b = max(a, lo_x), min(b, hi_x)
-        count = min(max_points, math.ceil((b - a) / fine) + 1)
-        xs = np.union1d(x, np.linspace(a, b, count))
-        # Cell widths in logit (the midpoints between neighbours; the ends reach the prior's range).
-        mid = (xs[1:] + xs[:-1]) / 2
-        width = np.diff(np.concatenate([[lo_x - step / 2], mid, [hi_x + step / 2]]))
-        zero_w = math.exp(float(self.log_w[0])) if self.rates[0] == 0 else 0.0
-        w = (1 - zero_w) * width / width.sum()
-        rates = np.concatenate([[0.0], 1 / (1 + np.exp(-xs))])
-        with np.errstate(divide="ignore"):
-            log_w = np.log(np.concatenate([[zero_w], w]))
-        return Prior(rates, log_w, self.rhos, self.log_w_rho, self.expected_changes, self.same_within)
+        start = StartPrior.default(points=points, zero_mass=zero_mass, rhos=rhos, rho_zero_mass=rho_zero_mass)
+        return cls(start.rates, start.log_w, start.rhos, start.log_w_rho, expected_changes, same_within)
 
     def change_probability(self, n_positions: int) -> float:
         """Prior probability that one given position is a change point."""
@@ -184,25 +120,6 @@ class ModePosterior:
             if seg.first <= index <= seg.last:
                 return seg
         raise ValueError(f"{index} is not a point of this mode")
-
-
-def start_loglik(failures: npt.ArrayLike, samples: npt.ArrayLike, prior: Prior) -> FloatArray:
-    """log P(k | n, rate, rho) without the binomial coefficient (it cancels between models),
-    for every start, rate and rho: shape (starts, rates, rhos)."""
-    k = np.asarray(failures, dtype=np.float64)[:, None, None]
-    n = np.asarray(samples, dtype=np.float64)[:, None, None]
-    r = prior.rates[None, :, None]
-    rho = prior.rhos[None, None, :]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        log_r = np.where(r > 0, np.log(np.maximum(r, 1e-300)), _LOG_ZERO)
-        binom = k * log_r + (n - k) * np.log1p(-r)
-        s = np.where(rho > 0, (1 - rho) / np.maximum(rho, 1e-12), 1.0)
-        a, b = r * s, (1 - r) * s
-        bb = betaln(k + a, n - k + b) - betaln(a, b)
-    out = np.where(rho > 0, bb, binom)
-    # Rate 0 allows no failure at all, whatever the dispersion.
-    out = np.where(r == 0, np.where(k > 0, _LOG_ZERO, 0.0), out)
-    return np.broadcast_to(out, (k.shape[0], prior.rates.size, prior.rhos.size)).astype(np.float64)
 
 
 def posterior(starts: Sequence[Start], n_positions: int, prior: Prior) -> ModePosterior:

@@ -3,9 +3,10 @@ independent draws: for a split of the starts into two groups (a conjunction's in
 learn the intra-class correlation from how the starts of each group disagree, and weigh each start's
 counts down to what they are worth at that dispersion. Pure: numpy and scipy.
 
-The model is the bisect's (`sweeper.bisect.segments`): a start of n samples at rate r fails k times
-with a beta-binomial law of mean r and intra-class correlation rho; each group has its own rate
-(integrated over the bisect's rate prior) and the two share rho (the bisect's discrete prior). A
+The model is the per-start one the bisect uses too (`sweeper.judge.start_model`): a start of n
+samples at rate r fails k times with a beta-binomial law of mean r and intra-class correlation rho;
+each group has its own rate (integrated over the rate prior) and the two share rho (the discrete
+dispersion prior). A
 start of n samples then counts as n / (1 + (n - 1) * rho) samples (the design effect), its failures
 in the same proportion. At rho = 0 the effective counts are the raw ones.
 """
@@ -17,17 +18,17 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from sweeper.bisect.segments import RHO_CREDIBLE, Prior, logsumexp, start_loglik
+from sweeper.judge.start_model import RHO_CREDIBLE, StartPrior, logsumexp, start_loglik
 
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 
-# The bisect's prior, with its dispersion grid carried on to 0.9: identical replays of a request on
+# The default per-start prior (the bisect's), with its dispersion grid carried on to 0.9: identical replays of a request on
 # one server mostly repeat its outcome, so a start of such replays is worth little more than one draw
 # per distinct request; the bisect's top of 0.35 would still count it as two or three. Explain keeps
 # the atom at 0 (a cell that never fails is a cell without the mode) that the bisect's prior dropped:
 # its calibration (BENCHMARKS.md) was measured with it.
-PRIOR = Prior.default(zero_mass=0.5, rhos=(0.0, 0.01, 0.03, 0.06, 0.1, 0.15, 0.2, 0.35, 0.5, 0.7, 0.9))
+PRIOR = StartPrior.default(zero_mass=0.5, rhos=(0.0, 0.01, 0.03, 0.06, 0.1, 0.15, 0.2, 0.35, 0.5, 0.7, 0.9))
 HIGH_RHO = 0.05  # a dispersion worth saying: a start of 20 samples counts as about 10
 
 
