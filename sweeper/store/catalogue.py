@@ -75,13 +75,6 @@ def keys_of(tbl: pa.Table) -> frozenset[Key]:
                      for row in distinct)
 
 
-def parquet_listing(folder: Location) -> dict[str, pafs.FileInfo]:
-    """`folder/*.parquet` by name without the suffix (temporary files of unfinished writes left out)."""
-    return {i.base_name[:-len(".parquet")]: i for i in folder.listing()
-            if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")
-            and not i.base_name.startswith(".")}
-
-
 def _index_file(where: Location) -> frozenset[Key] | None:
     """The keys a stored file holds, read from its key columns; None when it does not read (damage is
     for `RunDir.scan` to report; such a file is indexed again once it has been replaced)."""
@@ -139,7 +132,7 @@ class RunCatalogue:
         """Entries of files no longer listed as indexed dropped, listed files without one indexed;
         True when anything changed."""
         changed = False
-        listed = {(kind, name): info for kind in INDEXED for name, info in parquet_listing(self.run.join(kind)).items()}
+        listed = {(kind, name): info for kind in INDEXED for name, info in self.run.join(kind).parquet_files().items()}
         for key in [k for k, e in self.entries.items() if k not in listed or not e.listed_as(listed[k])]:
             del self.entries[key]
             changed = True
@@ -161,6 +154,10 @@ class RunCatalogue:
         """The files of `kind` holding any wanted experiment, by name."""
         return sorted(name for (k, name), e in self.entries.items() if k == kind and any(map(wanted.matches, e.keys)))
 
+    def matching(self, wanted: Wanted, kinds: Iterable[str]) -> dict[str, list[str]]:
+        """Per kind, the names of the files that hold a wanted experiment."""
+        return {kind: self.names(kind, wanted) for kind in kinds}
+
     def save(self) -> None:
         files = [{"kind": kind, "name": name, "size": e.size, "mtime_ns": e.mtime_ns, "keys": sorted(e.keys, key=_order)}
                  for (kind, name), e in sorted(self.entries.items())]
@@ -169,9 +166,3 @@ class RunCatalogue:
 
 def _order(key: Key) -> tuple[str, ...]:
     return tuple(v or "" for v in key)
-
-
-def matching(run: Location, wanted: Wanted, kinds: Iterable[str]) -> dict[str, list[str]]:
-    """Per kind, the names of the run's files that hold a wanted experiment."""
-    cat = RunCatalogue.current(run)
-    return {kind: cat.names(kind, wanted) for kind in kinds}

@@ -26,7 +26,6 @@ import pyarrow.fs as pafs
 
 from sweeper.errors import StoreError, SweepError, one_line
 from sweeper.spec.matrix import canonical
-from sweeper.store import catalogue
 from sweeper.store.catalogue import Wanted
 from sweeper.store.location import Location
 from sweeper.store.run_folder import CELL_SCHEMA, KINDS, MANIFEST, PROBE_SCHEMA, SAMPLE_SCHEMA, RunDir
@@ -125,7 +124,7 @@ def read_matching(runs_dir: str | os.PathLike[str] | Location, wanted: Wanted, c
     runs = run_dirs(runs_dir)
     found: dict[str, list[str]] = {kind: [] for kind in columns}
     for run in runs:
-        names = catalogue.matching(run.location, wanted, columns)
+        names = run.matching(wanted, columns)
         groups = {n for kind in columns if kind != "probes" for n in names[kind]}
         scan = run.scan(groups=bool(groups), probes=bool(names.get("probes")), manifest=False,
                         only=groups | set(names.get("probes", ())))

@@ -140,6 +140,13 @@ class Location:
             found = self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
         return sorted(found, key=lambda i: i.base_name)
 
+    def parquet_files(self) -> dict[str, pafs.FileInfo]:
+        """`*.parquet` right inside this folder, by name without the suffix (temporary files of
+        unfinished writes left out)."""
+        return {i.base_name[:-len(".parquet")]: i for i in self.listing()
+                if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")
+                and not i.base_name.startswith(".")}
+
     def read_bytes(self, limit: int | None = None) -> bytes:
         """The whole file (FileNotFoundError when absent); more than `limit` bytes is an error."""
         with _errors(self.shown):

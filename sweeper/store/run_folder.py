@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from sweeper import __version__
 from sweeper.errors import RecordError, StoreError, clip, one_line
-from sweeper.store.catalogue import INDEXED, RunCatalogue, keys_of, parquet_listing
+from sweeper.store.catalogue import INDEXED, RunCatalogue, Wanted, keys_of
 from sweeper.store.location import Location, is_temp_name
 from sweeper.store.manifest import Host, Manifest, Retry, SweepManifest, from_json, to_json
 
@@ -374,7 +374,7 @@ class RunDir:
 
     def listing(self, kind: str) -> dict[str, pafs.FileInfo]:
         """`<kind>/*.parquet` by name (temporary files of unfinished writes left out)."""
-        return parquet_listing(self.file(kind))
+        return self.file(kind).parquet_files()
 
     def scan(self, *, groups: bool = True, probes: bool = True, manifest: bool = True,
              only: Collection[str] | None = None) -> Scan:
@@ -558,6 +558,11 @@ class RunDir:
             self._catalogue = RunCatalogue.current(self.location, save=False)
         return self._catalogue
 
+    def matching(self, wanted: Wanted, kinds: Iterable[str]) -> dict[str, list[str]]:
+        """Per kind, the names of this run's files that hold a wanted experiment, as a reader sees them:
+        the stored catalogue brought in line with the listing now, and saved where it can be."""
+        return RunCatalogue.current(self.location).matching(wanted, kinds)
+
     def write_json(self, rel: str, data: Any) -> None:
         write_json_atomic(data, self.file(*rel.split("/")))
 
@@ -662,6 +667,8 @@ def _check_schema(tbl: pa.Table, schema: pa.Schema, what: str) -> None:
 
 
 def open_run(runs_dir: str | os.PathLike[str] | Location, run_id: str, *, create: bool) -> RunDir:
+    """The run `run_id` under `runs_dir` (made now when `create`, refused when it exists): one `RunDir`
+    that holds its location and opens its catalogue; StoreError when it is not there."""
     if not RUN_ID_RE.match(run_id):
         raise StoreError(f"invalid run id {clip(run_id)}: expected letters, digits, '.', '_' or '-'")
     base = Location.parse(runs_dir)
