@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from sweeper.errors import Interrupted, SweepError, one_line
 
 if TYPE_CHECKING:
-    from sweeper.drivers.sweep import Plan
+    from sweeper.plan.sweep_plan import Plan
 
 app = typer.Typer(
     name="sweep", no_args_is_help=True, add_completion=False, rich_markup_mode=None,
@@ -163,7 +163,7 @@ def matrix_cmd(
                         console=err, transient=False)
     task = progress.add_task("servers", total=None)
 
-    def on_plan(plan: sweep.Plan, todo: int) -> None:
+    def on_plan(plan: Plan, todo: int) -> None:
         progress.update(task, total=todo, description=f"{plan.matrix.name}: servers")
         progress.start()
 
@@ -358,7 +358,7 @@ def report_cmd(
         for line in spend.run_notes(run):
             out.print(line, markup=False, highlight=False)
     if explain:
-        from sweeper.judge.explain import render as render_explanation
+        from sweeper.reports.explain_text import render as render_explanation
 
         # Never wrapped: one line per fact, so a mode's line can be grepped from piped output.
         out.print(render_explanation(report.explain_run(run, cells=cells)), markup=False, highlight=False,
@@ -590,15 +590,9 @@ def bisect_cmd(
                                repo=repo)
     if budget is not None and not (0 < budget < float("inf")):
         raise ConfigError(f"expected a number of GPU-hours above 0, got {budget:g}", key="--budget")
-    if bumps is not None and bumps < 0:
-        raise ConfigError(f"expected a number of commits >= 1, or 0 for no scan, got {bumps}", key="--bumps")
-    if not (0 < expect_changes < float("inf")):
-        raise ConfigError(f"expected a number of changes per range above 0, got {expect_changes:g}",
-                          key="--expect-changes")
     options = driver.BisectOptions(confidence=confidence, max_samples=max_samples, parallel=parallel, widen=widen,
                                    cache_dir=cache_dir, runs_dir=runs_dir, run_id=run_id, resume=resume,
-                                   budget_h=budget, bump_width=bumps or None,
-                                   quiet_scan=bumps != 0, expected_changes=expect_changes)
+                                   budget_h=budget, **driver.search_choices(bumps, expect_changes))
     try:
         outcome = driver.run_bisect(scope, options, executor=choose(executor, address=address, gpus=gpus),
                                     on_event=lambda line: err.print(line, markup=False, highlight=False))
@@ -630,6 +624,13 @@ def triage_cmd(
     confidence: Annotated[float, typer.Option(help="The bisect's target confidence.")] = 0.99,
     max_samples: Annotated[int | None, typer.Option(help="The bisect stops after this many requests per cell.")] = None,
     parallel: Annotated[int | None, typer.Option(help="Bisect probes per round (default: the free GPU slots).")] = None,
+    bumps: Annotated[int | None, typer.Option("--bumps", metavar="COMMITS",
+                                              help="The bisects also look for a regression fixed again inside the "
+                                                   "range, at least COMMITS commits wide (as `sweep bisect --bumps`; "
+                                                   "its price: docs/bisect.md).")] = None,
+    expect_changes: Annotated[float, typer.Option("--expect-changes", metavar="N",
+                                                  help="Changes per range each bisect expects before it sees any "
+                                                       "(default 1; as `sweep bisect --expect-changes`).")] = 1.0,
     address: Annotated[str | None, typer.Option(help="Ray cluster address (default: RAY_ADDRESS, else a local cluster).")] = None,
     gpus: Annotated[float | None, typer.Option(help="Logical GPU slots of the local cluster for simulator runs (default 4).")] = None,
     executor: ExecutorOpt = "ray",
@@ -644,6 +645,7 @@ def triage_cmd(
     import dataclasses
 
     from sweeper.drivers import triage
+    from sweeper.drivers.bisect import search_choices
     from sweeper.errors import ConfigError
     from sweeper.execute.choice import choose
     from sweeper.reports import triage as triage_report
@@ -658,7 +660,8 @@ def triage_cmd(
     scope = triage.TriageScope(matrix_path=file, good=good, bad=bad)
     options = triage.TriageOptions(runs_dir=runs_dir, run_id=run_id, resume=resume, design=design_spec,
                                    budget_h=budget, cache_dir=cache_dir, confidence=confidence,
-                                   max_samples=max_samples, parallel=parallel)
+                                   max_samples=max_samples, parallel=parallel,
+                                   **search_choices(bumps, expect_changes))
     if dry_run:
         phases = triage.dry_run(scope, options)
         if as_json:

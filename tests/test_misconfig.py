@@ -128,3 +128,16 @@ def test_the_pinned_request_fields_are_the_simulators():
     from vllmsim.request import CHAT_FIELDS as SIMULATED
 
     assert PINNED == SIMULATED, sorted(PINNED ^ SIMULATED)
+
+
+def test_a_serve_flag_one_typo_from_vllms_fails_the_dry_run_and_others_are_left_to_help(
+        tmp_path: Path, tiny_suite: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, tiny_suite)
+    text = path.read_text()
+    path.write_text(text.replace("env: {", "serve: {--max-modle-len: 4096, --no-enforce-eager: true, "
+                                 "--a-flag-of-a-newer-release: 1}\nenv: {"))
+    argv = ["matrix", str(path), "--dry-run", "--runs-dir", str(tmp_path / "runs"), "--cache-dir", str(tmp_path / "c")]
+    code, out, err = run_cli(argv, capsys)
+    assert code == 1 and out == "" and err.splitlines() == [
+        (f"error: {path}: serve.--max-modle-len: --max-modle-len is not a flag of vllm serve (the pinned list, "
+         "sweeper/vllm/serve_flags.txt); did you mean --max-model-len? vLLM would refuse to start")]

@@ -1,5 +1,6 @@
 """Misconfiguration a matrix is checked for before any server starts: `VLLM_*` environment names
-the vLLM version does not read, and request fields outside vLLM's chat request schema.
+the vLLM version does not read, request fields outside vLLM's chat request schema, and serve flags
+one typo away from one of `vllm serve`'s.
 
 vLLM takes both without refusing: an unknown env var gets one warning line in the server log
 ("Unknown vLLM environment variable detected: X"), an unknown request field is dropped (logged at
@@ -54,6 +55,11 @@ class Names:
 
 def pinned_env_names() -> frozenset[str]:
     text = resources.files("sweeper.vllm").joinpath("env_names.txt").read_text(encoding="utf-8")
+    return frozenset(ln.split()[0] for ln in text.splitlines() if ln.strip() and not ln.startswith("#"))
+
+
+def pinned_serve_flags() -> frozenset[str]:
+    text = resources.files("sweeper.vllm").joinpath("serve_flags.txt").read_text(encoding="utf-8")
     return frozenset(ln.split()[0] for ln in text.splitlines() if ln.strip() and not ln.startswith("#"))
 
 
@@ -150,4 +156,17 @@ def check(matrix: Matrix, shas: Mapping[str, str | None], *, cache_dir: Path | N
             findings.setdefault(key, Finding(strict or near is not None, key,
                                              f"{name} is not a field of vLLM's chat request (the pinned schema, "
                                              f"sweeper/vllm/request_fields.py){hint} vLLM would ignore it"))
+    # A serve flag one typo away from one of `vllm serve`'s is refused: vLLM would refuse to start, after
+    # the install and a GPU's start-up. Any other flag is left to the installed version's `--help`
+    # (`sweeper.vllm.flags`), which knows the flags of releases newer than the pinned list.
+    flags = pinned_serve_flags()
+    for cell in matrix.cells:
+        for flag in cell.serve:
+            positive = "--" + flag.removeprefix("--no-") if flag.startswith("--no-") else flag
+            if positive in flags or (near := _near(positive, flags)) is None:
+                continue
+            key = _where(matrix, "serve", flag)
+            findings.setdefault(key, Finding(True, key, f"{flag} is not a flag of vllm serve (the pinned list, "
+                                                        f"sweeper/vllm/serve_flags.txt); did you mean {near}? "
+                                                        "vLLM would refuse to start"))
     return sorted(findings.values(), key=lambda f: (not f.error, f.key))

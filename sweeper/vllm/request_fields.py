@@ -1,5 +1,6 @@
 """The fields of a chat-completions request that vLLM reads: OpenAI's ChatCompletion request and
-vLLM's own extensions (`ChatCompletionRequest` in vllm/entrypoints/openai/protocol.py), pinned here.
+vLLM's own extensions (`ChatCompletionRequest` in vLLM's entrypoints), pinned here and refreshed by
+`scripts/refresh_vllm_lists.py` from a release's wheel.
 
 vLLM accepts any other field and ignores it ("The following fields were present in the request but
 ignored: {...}", at WARNING in older releases, at DEBUG in recent ones, so usually unseen): a typo in
@@ -10,18 +11,25 @@ here is warned about, not refused, unless it is one edit away from a listed one.
 
 from __future__ import annotations
 
+# The release the list was last refreshed from (it keeps what earlier releases read).
+SOURCE = "vllm 0.34.0"
+
 CHAT_FIELDS: frozenset[str] = frozenset({
-    "messages", "model", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "max_tokens",
-    "max_completion_tokens", "n", "presence_penalty", "response_format", "seed", "stop", "stream",
-    "stream_options", "temperature", "top_p", "tools", "tool_choice", "reasoning_effort", "include_reasoning",
-    "parallel_tool_calls", "user", "function_call", "functions", "metadata", "store", "modalities", "audio",
-    "prediction", "service_tier", "web_search_options", "verbosity", "safety_identifier", "prompt_cache_key",
-    "best_of", "use_beam_search", "top_k", "min_p", "repetition_penalty", "length_penalty", "stop_token_ids",
-    "include_stop_str_in_output", "ignore_eos", "min_tokens", "skip_special_tokens",
-    "spaces_between_special_tokens", "truncate_prompt_tokens", "prompt_logprobs", "allowed_token_ids",
-    "bad_words", "echo", "add_generation_prompt", "continue_final_message", "add_special_tokens", "documents",
-    "chat_template", "chat_template_kwargs", "mm_processor_kwargs", "structured_outputs", "guided_json",
-    "guided_regex", "guided_choice", "guided_grammar", "structural_tag", "guided_decoding_backend",
-    "guided_whitespace_pattern", "priority", "request_id", "logits_processors", "return_tokens_as_token_ids",
-    "return_token_ids", "cache_salt", "kv_transfer_params", "vllm_xargs", "thinking_token_budget",
+    "add_generation_prompt", "add_special_tokens", "allowed_token_ids", "audio", "bad_words", "best_of",
+    "cache_salt", "chat_template", "chat_template_kwargs", "continue_final_message", "documents",
+    "ec_transfer_params", "echo", "frequency_penalty", "function_call", "functions", "guided_choice",
+    "guided_decoding_backend", "guided_grammar", "guided_json", "guided_regex", "guided_whitespace_pattern",
+    "ignore_eos", "include_reasoning", "include_stop_str_in_output", "kv_transfer_params", "length_penalty",
+    "logit_bias", "logits_processors", "logprob_token_ids", "logprobs", "max_completion_tokens", "max_tokens",
+    "media_io_kwargs", "messages", "metadata", "min_p", "min_tokens", "mm_payload", "mm_processor_kwargs",
+    "modalities", "model", "n", "parallel_tool_calls", "prediction", "presence_penalty", "priority",
+    "prompt_cache_key", "prompt_logprobs", "reasoning_effort", "repetition_detection", "repetition_penalty",
+    "request_id", "response_format", "return_mm_kwargs", "return_prompt_text", "return_token_ids",
+    "return_token_offsets", "return_tokens_as_token_ids", "return_weight_versions",
+    "routed_experts_prompt_start", "safety_identifier", "seed", "service_tier", "session_id",
+    "skip_special_tokens", "spaces_between_special_tokens", "stop", "stop_token_ids", "store", "stream",
+    "stream_interval", "stream_options", "structural_tag", "structured_outputs", "temperature",
+    "thinking_token_budget", "tool_choice", "tools", "top_k", "top_logprobs", "top_p",
+    "truncate_prompt_tokens", "truncation_side", "use_beam_search", "user", "verbosity", "vllm_xargs",
+    "watermarking", "web_search_options",
 })
