@@ -50,10 +50,20 @@ def load_matrix(path: str | Path) -> Matrix:
     data = bench_sweep_params.apply(data, pos, str(path))
     matrix = parse_matrix(data, pos, str(path))
     _check_suites(matrix.spec, pos, str(path))
+    check_expect(matrix, pos)
     bench = read_bench_files(matrix.spec.bench, pos, str(path))  # a `jsonl:` dataset's prompts, by value
     if bench is not matrix.spec.bench:
         matrix = dataclasses.replace(matrix, spec=matrix.spec.model_copy(update={"bench": bench}))
     return matrix
+
+
+def check_expect(matrix: Matrix, pos: Positions) -> None:
+    """The `expect:` section against the metric names and the matrix's commits (one line, exit 1)."""
+    from sweeper.judge.metric_names import METRICS
+    from sweeper.spec.expect import parse_expect
+
+    known = {name: m.higher_is_better for name, m in METRICS.items()}
+    parse_expect(matrix.spec.expect, pos, [str(v) for v in dict(matrix.axes).get("commit", ())], known)
 
 
 def _check_suites(spec: MatrixFile, pos: Positions, path: str) -> None:

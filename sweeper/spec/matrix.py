@@ -254,6 +254,9 @@ class MatrixFile(_Strict):
     adaptive: bool | AdaptiveSpec = False
     # A load phase on every server start, measuring serving metrics (`sweeper.spec.bench`).
     bench: BenchSpec | None = None
+    # Bounds on serving metrics (`sweeper.spec.expect`); parsed with positions by the loader, which
+    # knows the metric names.
+    expect: dict[str, Any] | None = None
 
     @property
     def design_spec(self) -> DesignSpec:
