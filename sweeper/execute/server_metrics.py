@@ -17,15 +17,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sweeper.errors import MetricsError
 from sweeper.execute.transport import tls
+from sweeper.judge.serving import ACCEPTED, ACCEPTED_PER_POS, DRAFT_TOKENS, DRAFTS, SUCCESS
 
 # (metric name, sorted label pairs) -> value
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
-DRAFTS = "vllm:spec_decode_num_drafts_total"
-DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
-ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
-ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-SUCCESS = "vllm:request_success_total"
 
 
 def scrape(base_url: str, api_key: str | None = None, *, timeout: float = 10.0) -> str:
