@@ -51,6 +51,9 @@ class SimHTTPServer(ThreadingHTTPServer):
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # TCP_NODELAY, as uvicorn sets it: without it a streamed chunk waits for the ACK of the one before, and
+    # a client's delayed ACK (40 ms) bunches a stream's chunks into one burst (TTFT + 40 ms, ITLs of 0).
+    disable_nagle_algorithm = True
     server: SimHTTPServer
     server_version = "uvicorn"
     sys_version = ""
