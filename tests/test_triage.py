@@ -26,7 +26,7 @@ import pytest
 import yaml
 from conftest import make_sim_repo, run_cli, starts_in_logs
 
-from sweeper.drivers.bisect import BisectOptions, BisectScope, Subject, bisect_cells
+from sweeper.drivers.bisect import BisectOptions, BisectScope, Subject, bisect_cells, search_choices
 from sweeper.drivers.sweep import run_matrix
 from sweeper.drivers.triage import TriageOptions, TriageScope, cheapest_cells, run_triage
 from sweeper.errors import StoreError
@@ -257,6 +257,8 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert code == 1 and err.startswith("error: ") and "--design" in err and err.count("\n") == 1
     code, _, err = run_cli(["triage", demo, "--good", "v0.27", "--bad", "main", "--budget", "-1"], capsys)
     assert code == 1 and "--budget" in err and err.count("\n") == 1
+    code, _, err = run_cli(["triage", demo, "--good", "v0.27", "--bad", "main", "--expect-changes", "0"], capsys)
+    assert code == 1 and err == "error: --expect-changes: expected a number of changes per range above 0, got 0\n"
     (tmp_path / "runs" / "other").mkdir(parents=True)
     code, _, err = run_cli(["triage", demo, "--good", "v0.27", "--bad", "main", "--runs-dir", str(tmp_path / "runs"),
                             "--resume", "other"], capsys)
@@ -474,3 +476,15 @@ def test_the_zoom_under_a_budget_pays_the_design_and_every_earlier_zoom_phase(
     first = afford(rest, plan.groups)
     assert first == rest[:1]
     assert afford(rest[1:], plan.groups + first) == ()  # the first zoom phase spent the room
+
+
+@pytest.mark.full  # a whole triage of the planted history, in-process
+@pytest.mark.timeout(1200)
+def test_the_triage_bisects_with_the_search_it_was_given(planted: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    """`--expect-changes` and `--bumps` reach the triage's bisect as they reach `sweep bisect`'s."""
+    root, _ = planted
+    options = TriageOptions(runs_dir=tmp_path / "runs", run_id="t", cache_dir=tmp_path / "cache",
+                            **search_choices(0, 2.0))
+    run = run_triage(TriageScope(root / "m.yaml", "v0.27", "main"), options, executor=choose("local")).run
+    verdict = json.loads((run.root / "phases" / "bisect" / "bisect.json").read_text())
+    assert verdict["expected_changes"] == 2.0 and verdict["quiet_scan"] is None and verdict["bump_width"] is None
