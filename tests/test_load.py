@@ -58,7 +58,7 @@ def prompts(n: int, input_len: int, output_len: int, seed: int = 0) -> list[Prom
 
 
 def successes(server: ServerProcess) -> float:
-    return server_metrics.total(server_metrics.parse(server_metrics.scrape(server.base_url)), server_metrics.SUCCESS)
+    return server_metrics.total(server_metrics.parse(server_metrics.scrape(server.base_url)), serving.SUCCESS)
 
 
 # --- arrivals (pure) ------------------------------------------------------------------------------

@@ -98,7 +98,7 @@ def store_rerun(run: RunDir, target: Target, result: GroupResult, stamp: str) ->
     if target.stored_id is None:
         if result.log:
             run.write_log(result.group_id, result.log_text())
-        run.write_group(result.group_id, result.samples, result.cells)
+        run.write_group(result.group_id, result.samples, result.cells, result.metrics)
         return
     gid = target.stored_id
     samples = replaced(_read(run, "samples", gid, SAMPLE_SCHEMA), result.samples, target.group.cells, gid)

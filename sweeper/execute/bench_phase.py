@@ -29,6 +29,9 @@ from sweeper.spec.bench import BenchSpec, JsonlDataset, LoadPoint
 from sweeper.spec.matrix import Cell, canonical
 from sweeper.spec.suite import Suite, expand
 
+# After a load point with failed requests: how long a server is given to exit (a dead engine's API server
+# answers 500, then exits: its reason is the exit, not the failures).
+EXIT_GRACE_S = 3.0
 # Random token ids are drawn below this when neither the bench nor the model's folder says the vocabulary.
 DEFAULT_VOCAB = 30_000
 # Words for random prompts sent as text (a chat endpoint takes no token ids).
@@ -231,6 +234,8 @@ def _point(bench: BenchSpec, cell: Cell, point: LoadPoint, prompts: Sequence[Pro
                 target.timeout_s)
     outcome: PhaseOutcome = run_load_sync(target.base_url, prompts, pace, api_key=target.api_key,
                                           alive=target.alive, deadline=target.deadline, after_warmup=before)
+    if any(not r.ok for r in outcome.records):
+        _exits_soon(target)  # an engine that died answers 500 and exits a moment later: say it exited
     still_alive = target.alive()
     after = (server_metrics.try_scrape(target.base_url, target.api_key) if still_alive
              else server_metrics.Scrape(None, "the server is gone"))
@@ -244,6 +249,14 @@ def _point(bench: BenchSpec, cell: Cell, point: LoadPoint, prompts: Sequence[Pro
         "valid": reason is None, "invalid_reason": reason,
         **serving.figures(outcome.records, outcome.duration, outcome.t0), **spec,
     }
+
+
+def _exits_soon(target: Target) -> None:
+    """Wait up to EXIT_GRACE_S for a server that failed requests to exit (vLLM's API server shuts down
+    once its engine core is gone)."""
+    deadline = time.monotonic() + EXIT_GRACE_S
+    while target.alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _spec_decode(before: server_metrics.Scrape | None, after: server_metrics.Scrape,

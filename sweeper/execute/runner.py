@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from sweeper import vllm
 from sweeper.errors import InstallError, ServerError, SweepError
-from sweeper.execute import fingerprint, rounds
+from sweeper.execute import bench_phase, fingerprint, rounds
 from sweeper.execute import server_metrics as metrics
 from sweeper.execute.replay import Abort, ReplayOutcome, Reply, Request, run_replay
 from sweeper.execute.server import ServerProcess, free_port, new_api_key, tail
@@ -40,11 +40,13 @@ from sweeper.install.supported import supported_flags
 from sweeper.judge import sequential, verdict
 from sweeper.judge.stats import wilson
 from sweeper.plan import cost
+from sweeper.spec.bench import BenchSpec
 from sweeper.spec.checks import Exchange, run_checks
 from sweeper.spec.matrix import Cell, MatrixFile, ServerGroup, canonical
 from sweeper.spec.status import Status as Status  # noqa: PLC0414  (re-exported: `runner.Status` is the cell status)
 from sweeper.spec.suite import Suite, expand
 from sweeper.store import files
+from sweeper.store.metrics_table import METRICS_SCHEMA
 from sweeper.store.run_folder import CELL_SCHEMA, SAMPLE_SCHEMA, table
 from sweeper.vllm import crash
 from sweeper.vllm.logs import LogIndex
@@ -96,6 +98,8 @@ class GroupResult:
     timings: dict[str, float] = field(default_factory=dict)
     # The server's log, zlib-compressed: written by the driver (`log_text`), never on the worker.
     log: bytes = b""
+    # The bench's metrics rows (`sweeper.store.metrics_table`): one per cell, server start and load point.
+    metrics: pa.Table = field(default_factory=METRICS_SCHEMA.empty_table)
 
     @property
     def status(self) -> Status:
@@ -226,7 +230,7 @@ def error_result(job: GroupJob, detail: str, trace: str = "") -> GroupResult:
     return _CellBase(job, cells).failed(Status.ERROR, detail, trace[-TRACEBACK_TAIL_CHARS:], 0.0)
 
 
-def _run_group(job: GroupJob, base: _CellBase, cells: Sequence[Cell], log_path: Path, t_start: float,
+def _run_group(job: GroupJob, base: _CellBase, cells: Sequence[Cell], log_path: Path, t_start: float,  # noqa: PLR0915  (one group's life in order: install, start, replay, bench, rows)
                fetch: Callable[[Any], bytes]) -> GroupResult:
     group = job.group
     try:
@@ -263,7 +267,10 @@ def _run_group(job: GroupJob, base: _CellBase, cells: Sequence[Cell], log_path: 
                            startup_timeout_s=startup_s, api_key=api_key)
     base.server = server
     rule = adaptive_rule(job)
-    requests = build_requests(job, cells, interleaved=rule is not None)
+    bench = job.spec.bench
+    requests = [] if bench is not None and bench.after == "instead" else \
+        build_requests(job, cells, interleaved=rule is not None)
+    benched = bench_phase.BenchRows()
     live = _LiveJudge(base, requests, log_path)
     try:
         # in_use: cache eviction on this node never removes an environment a server runs from.
@@ -284,6 +291,9 @@ def _run_group(job: GroupJob, base: _CellBase, cells: Sequence[Cell], log_path: 
                 died = died or crash.engine_died(log_text)
             after = metrics.try_scrape(server.base_url, api_key) if alive_after and not died else None
             timings["replay"] = base.replay_s = time.monotonic() - t_replay
+            if bench is not None:  # the first start's load phase, after (or instead of) the replay
+                benched = _bench_first_start(job, bench, base, cells, server, api_key,
+                                             serving=alive_after and not died, deadline=deadline)
     except ServerError as exc:
         log = exc.log_tail or tail(log_path)
         out_of_time = deadline is not None and time.monotonic() >= deadline
@@ -317,16 +327,58 @@ def _run_group(job: GroupJob, base: _CellBase, cells: Sequence[Cell], log_path: 
     duration = time.monotonic() - t_start
     base.group_samples = len(samples)
     log_tail = tail(log_path) if status != Status.OK else ""
+    if bench is not None:  # the bench's other starts, a fresh server each (after the first start's verdict and log)
+        with environments.in_use(installed):
+            _bench_more_starts(job, bench, base, cells, server, api_key, deadline=deadline, benched=benched,
+                               timings=timings)
+        duration = time.monotonic() - t_start
     cell_rows = [base.cell_row(cell, by_cell[cell.cell_id], status=status, detail=detail, log_tail=log_tail,
                                duration=duration, effective=effective, spec=spec_figures, finger=finger,
                                signature=signature)
                  for cell in cells]
     result = GroupResult(group.group_id, table(samples, SAMPLE_SCHEMA), table(cell_rows, CELL_SCHEMA),
-                         {c.cell_id: status for c in cells})
+                         {c.cell_id: status for c in cells}, metrics=table(benched.rows, METRICS_SCHEMA))
     timings["postprocess"] = time.monotonic() - t_post
     timings["total"] = time.monotonic() - t_start
     result.timings = timings
     return result
+
+
+def _metrics_common(base: _CellBase) -> Callable[[Cell], dict[str, Any]]:
+    """A cell's identity columns of the metrics table: the ones its samples and cells rows have."""
+    names = set(METRICS_SCHEMA.names)
+    return lambda cell: {k: v for k, v in base.common(cell).items() if k in names}
+
+
+def _bench_target(job: GroupJob, server: ServerProcess, api_key: str, deadline: float | None) -> bench_phase.Target:
+    model = str(job.spec.serve.get("--served-model-name") or job.spec.model)
+    return bench_phase.Target(server.base_url, api_key, model, job.suite, job.spec.timeouts.request_s,
+                              server.alive, deadline)
+
+
+def _bench_first_start(job: GroupJob, bench: BenchSpec, base: _CellBase, cells: Sequence[Cell],
+                       server: ServerProcess, api_key: str, *, serving: bool,
+                       deadline: float | None) -> bench_phase.BenchRows:
+    """The load phase of the server start that replayed (or would have): its rows, or, when the server
+    stopped serving during the replay, its rows marked invalid with that reason."""
+    info = bench_phase.StartInfo(0, server.startup_s, _metrics_common(base), base.version)
+    t = time.monotonic()
+    if not serving:
+        reason = "the server stopped serving during the correctness replay"
+        return bench_phase.BenchRows(bench_phase.invalid_rows(bench, cells, info, reason))
+    rows = bench_phase.run_start(bench, cells, info, _bench_target(job, server, api_key, deadline))
+    return bench_phase.BenchRows(rows, seconds=time.monotonic() - t)
+
+
+def _bench_more_starts(job: GroupJob, bench: BenchSpec, base: _CellBase, cells: Sequence[Cell],
+                       server: ServerProcess, api_key: str, *, deadline: float | None,
+                       benched: bench_phase.BenchRows, timings: dict[str, float]) -> None:
+    """Starts 1 to `bench.starts − 1`: the server started again for each, benched, stopped; their rows
+    join `benched`, their seconds `timings["bench"]`."""
+    more = bench_phase.run_more_starts(bench, cells, server, _bench_target(job, server, api_key, deadline), first=1,
+                                       common=_metrics_common(base), version=base.version)
+    benched.rows += more.rows
+    timings["bench"] = benched.seconds + more.seconds + more.start_s
 
 
 def _replay(job: GroupJob, rule: sequential.Rule | None, server: ServerProcess, api_key: str, *,

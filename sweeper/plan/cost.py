@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from sweeper.spec.bench import BenchSpec
 from sweeper.spec.matrix import CostKey, MatrixFile, ServerGroup
 
 
@@ -132,12 +133,14 @@ class Estimate:
     requests: int
     gpus_per_cell: float
     profile: Profile
+    # Seconds of the benches' load phases (their extra starts are in `starts`): `load_phase_seconds`.
+    bench_s: float = 0.0
 
     @property
     def gpu_seconds(self) -> float:
         p = self.profile
         return self.gpus_per_cell * (self.installs * p.install_s + self.starts * p.start_s
-                                     + self.requests * p.request_s)
+                                     + self.requests * p.request_s + self.bench_s)
 
     @property
     def gpu_hours(self) -> float:
@@ -150,5 +153,33 @@ def estimate(groups: Sequence[ServerGroup], spec: MatrixFile, profile: Profile, 
     commits = {g.head.commit for g in groups}
     cells = sum(len(g.cells) for g in groups)
     installs = len(commits) if spec.install.kind != "preinstalled" else 0
-    return Estimate(installs=installs, starts=len(groups), requests=cells * requests_per_cell,
-                    gpus_per_cell=spec.gpus_per_cell, profile=profile)
+    bench = spec.bench
+    if bench is None:
+        return Estimate(installs=installs, starts=len(groups), requests=cells * requests_per_cell,
+                        gpus_per_cell=spec.gpus_per_cell, profile=profile)
+    replayed = 0 if bench.after == "instead" else requests_per_cell
+    return Estimate(installs=installs, starts=len(groups) * bench.starts, requests=cells * replayed,
+                    gpus_per_cell=spec.gpus_per_cell, profile=profile,
+                    bench_s=cells * bench.starts * load_phase_seconds(bench, profile))
+
+
+def load_phase_seconds(bench: BenchSpec, profile: Profile) -> float:
+    """Seconds one cell's load phases take on one server start: per load point, its warm-ups and
+    prompts at the profile's seconds per request, or the time its arrivals take when they come
+    slower than that (num_prompts / request_rate)."""
+    total = 0.0
+    for point in bench.points():
+        served = bench.requests_per_point() * profile.request_s
+        arriving = bench.num_prompts / point.request_rate if math.isfinite(point.request_rate) else 0.0
+        total += max(served, arriving)
+    return total
+
+
+def server_seconds(group: ServerGroup, profile: Profile, requests_per_cell: int, bench: BenchSpec | None = None) -> float:
+    """Seconds one server group holds its GPUs, installs apart: its start and its cells' replays, and
+    with a bench its other starts and every load phase (`estimate` over one group, less the install)."""
+    if bench is None:
+        return profile.start_s + len(group.cells) * requests_per_cell * profile.request_s
+    replayed = 0 if bench.after == "instead" else requests_per_cell
+    return (bench.starts * profile.start_s + len(group.cells) * replayed * profile.request_s
+            + len(group.cells) * bench.starts * load_phase_seconds(bench, profile))

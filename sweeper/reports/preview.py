@@ -90,5 +90,6 @@ def design_text(plan: Plan) -> list[str]:
 
 
 def _estimate(e: Estimate) -> str:
-    return (f"{e.starts:,} starts, {e.installs:,} installs, {e.requests:,} requests: "
+    bench = f", {e.bench_s:,.0f} s of load phases" if e.bench_s else ""
+    return (f"{e.starts:,} starts, {e.installs:,} installs, {e.requests:,} requests{bench}: "
             f"{e.gpu_hours:,.2f} GPU-hours")

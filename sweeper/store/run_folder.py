@@ -34,6 +34,7 @@ from sweeper.errors import RecordError, StoreError, clip, one_line
 from sweeper.store.catalogue import INDEXED, RunCatalogue, Wanted, keys_of
 from sweeper.store.location import Location, is_temp_name
 from sweeper.store.manifest import Host, Manifest, Retry, SweepManifest, from_json, to_json
+from sweeper.store.metrics_table import METRICS_SCHEMA, TABLE
 
 # The schema version written. A new version only adds nullable columns at the end of a table
 # (readers read every file with the declared schemas, so an older file reads with nulls there) and
@@ -256,6 +257,7 @@ class Scan:
     writes (`partial`: a samples file without its cells file; never read, re-run on resume)."""
 
     groups: dict[str, tuple[str, str]] = field(default_factory=dict)  # group -> (samples, cells) paths
+    metrics: dict[str, str] = field(default_factory=dict)  # sound group with a bench -> its metrics path
     probes: list[str] = field(default_factory=list)
     damage: list[Damage] = field(default_factory=list)
     partial: list[str] = field(default_factory=list)
@@ -370,6 +372,9 @@ class RunDir:
     def cells_path(self, group_id: str) -> Location:
         return self.file("cells", f"{group_id}.parquet")
 
+    def metrics_path(self, group_id: str) -> Location:
+        return self.file("metrics", f"{group_id}.parquet")
+
     # ---- reading -------------------------------------------------------------------------------
 
     def listing(self, kind: str) -> dict[str, pafs.FileInfo]:
@@ -415,12 +420,36 @@ class RunDir:
                     why = f"{files[0]}: holds {s.rows} rows, {clip(rows)} were written"
                 elif size is not None and s_info is not None and size != str(s_info.size):
                     why = f"{files[0]}: {s_info.size:,} bytes, {clip(size)} were written"
+            m_file, m_info = f"metrics/{gid}.parquet", None
+            if not why and c.meta.get("sweeper.metrics_rows") is not None:
+                why, m_info = self._check_metrics(gid, c.meta)
             if why:
-                out.damage.append(Damage(self.run_id, f"group {gid}", why,
-                                         tuple(f for f, i in zip(files, (s_info, c_info), strict=True) if i is not None), gid))
+                present = [f for f, i in zip(files, (s_info, c_info), strict=True) if i is not None]
+                if m_info is not None:
+                    present.insert(0, m_file)
+                out.damage.append(Damage(self.run_id, f"group {gid}", why, tuple(present), gid))
             else:
                 out.groups[gid] = (self.file(files[0]).path, self.file(files[1]).path)
                 out.rows[gid] = s.rows if s else 0
+                if m_info is not None:
+                    out.metrics[gid] = self.file(m_file).path
+
+    def _check_metrics(self, gid: str, cells_meta: Mapping[str, str]) -> tuple[str | None, pafs.FileInfo | None]:
+        """A group's metrics file against what its cells file recorded of it: (why it is damaged or
+        None, its listing or None when absent)."""
+        rel = f"metrics/{gid}.parquet"
+        info = self.listing("metrics").get(gid)
+        if info is None:
+            return f"{rel} is missing (its cells file records it)", None
+        m = check_parquet(self.file(rel), info)
+        rows, size = cells_meta.get("sweeper.metrics_rows"), cells_meta.get("sweeper.metrics_bytes")
+        if m.problem:
+            return f"{rel}: {m.problem}", info
+        if rows is not None and rows != str(m.rows):
+            return f"{rel}: holds {m.rows} rows, {clip(rows)} were written", info
+        if size is not None and size != str(info.size):
+            return f"{rel}: {info.size:,} bytes, {clip(size)} were written", info
+        return None, info
 
     def _scan_probes(self, out: Scan, only: Collection[str] | None) -> None:
         for name, info in self.listing("probes").items():
@@ -439,6 +468,8 @@ class RunDir:
         scan = self.scan(groups=kind != "probes", probes=kind == "probes", manifest=False, only=only)
         if kind == "probes":
             return sorted(scan.probes)
+        if kind == "metrics":
+            return [path for _, path in sorted(scan.metrics.items())]
         index = KINDS.index(kind)
         return [paths[index] for _, paths in sorted(scan.groups.items())]
 
@@ -519,13 +550,20 @@ class RunDir:
 
     # ---- writing -------------------------------------------------------------------------------
 
-    def write_group(self, group_id: str, samples: pa.Table, cells: pa.Table) -> None:
+    def write_group(self, group_id: str, samples: pa.Table, cells: pa.Table, metrics: pa.Table | None = None) -> None:
+        """A finished group's files: samples, then its bench's metrics (when it has rows), then the
+        cells file, which marks the group done and records the other two's row counts and sizes."""
         _check_schema(samples, SAMPLE_SCHEMA, "samples")
         _check_schema(cells, CELL_SCHEMA, "cells")
         data = parquet_bytes(samples, {"group": group_id})
         catalogue = self.catalogue()
         self.samples_path(group_id).write_atomic(data)
         extra: dict[str, Any] = {"group": group_id, "samples_rows": samples.num_rows, "samples_bytes": data.size}
+        if metrics is not None and metrics.num_rows:
+            _check_schema(metrics, METRICS_SCHEMA, "metrics")
+            written = parquet_bytes(metrics, {"group": group_id, "table": TABLE})
+            self.metrics_path(group_id).write_atomic(written)
+            extra.update(metrics_rows=metrics.num_rows, metrics_bytes=written.size)
         if self._identity is not None:
             extra["run"] = self._identity
         self.cells_path(group_id).write_atomic(parquet_bytes(cells, extra))
@@ -645,7 +683,7 @@ class RunDir:
 
     def clean_temp(self) -> None:
         """Temporary files of writes that a killed driver never finished (the driver is the only writer)."""
-        for folder in ("", *KINDS, "logs"):
+        for folder in ("", *KINDS, "metrics", "logs"):
             for info in self.file(folder).listing() if folder else self.location.listing():
                 if info.type == pafs.FileType.File and is_temp_name(info.base_name):
                     self.fs.delete_file(info.path)
