@@ -67,15 +67,6 @@ def note(message: str) -> None:
     sys.stderr.write(f"note: {one_line(message)}\n")
 
 
-def warn_damage(run: object) -> None:
-    """One warning line per damaged part of a run that a report reads around."""
-    for damage in run.scan().damage:  # type: ignore[attr-defined]
-        if damage.group_id:
-            warn(f"{damage}; its results are left out (`sweep matrix MATRIX --resume {damage.run_id}` runs it again)")
-        else:
-            warn(str(damage))
-
-
 @app.command("matrix")
 def matrix_cmd(
     file: Annotated[Path, typer.Argument(help="Matrix YAML file.")],
@@ -275,106 +266,11 @@ def report_cmd(
 
     Example: sweep report --explain --html runs/demo.html
     """
-    from sweeper.reports import tables as report
-    from sweeper.store import frames as analysis
-    from sweeper.store.manifest import BisectManifest
-    from sweeper.store.run_folder import open_run
+    from sweeper.reports.run_kind import Channels, ReportOptions, report_run
 
-    if run_id is not None and not any((explain, html, issue, heatmap, against, all_cells)):
-        from sweeper.reports import triage as triage_report
-
-        record = triage_report.load(runs_dir, run_id)
-        if record is not None:
-            # A triage run: its summary (phases, their cost and reuse, the modes and their reports).
-            if as_json:
-                from sweeper.store.triage_record import to_json as record_json
-
-                sys.stdout.write(json.dumps(record_json(record), indent=2) + "\n")
-                return
-            for line in triage_report.summary_lines(record):
-                out.print(line, markup=False, highlight=False, soft_wrap=True)
-            return
-    run = open_run(runs_dir, run_id, create=False) if run_id else analysis.latest_run(runs_dir)
-    manifest = run.manifest_or_none()  # results of another schema version: one line, stop
-    warn_damage(run)
-    if issue:
-        from sweeper.reports.bug import issue_markdown
-
-        # Markdown only, so it can be piped into a file or the clipboard.
-        sys.stdout.write(issue_markdown(run, mode=mode, runs_dir=runs_dir))
-        return
-    if mode is not None:
-        raise SweepError("--mode goes with --issue")
-    if as_json and explain:
-        from sweeper.reports.explain_json import to_json
-
-        # JSON only, so it can be piped into jq or a file.
-        sys.stdout.write(json.dumps(to_json(report.explain_run(run)), indent=2) + "\n")
-        return
-    own = explain or heatmap or html or against or as_json  # each prints its own output, not the table
-    if isinstance(manifest, BisectManifest) and not (explain or heatmap or html or against):
-        from sweeper.reports.bisect import render
-
-        # The verdict as the bisect left it: nothing is started, nothing probed again.
-        summary = run.read_json("bisect.json")
-        if not isinstance(summary, dict):
-            raise SweepError(f"bisect run {run.run_id} has no verdict yet (no readable bisect.json); "
-                             f"`sweep bisect --good {manifest.good} --bad {manifest.bad} --resume {run.run_id}` "
-                             "continues it")
-        if as_json:
-            # bisect.json as stored: the same object `sweep bisect --json` printed.
-            sys.stdout.write(json.dumps(summary, indent=2, allow_nan=False) + "\n")
-        else:
-            out.print(render(summary), markup=False, highlight=False)
-        if not summary.get("final"):
-            note(f"bisect run {run.run_id} is unfinished: this is its state after round {summary.get('rounds')}")
-        return
-    # The table alone needs a few of the cells' columns; the explanation and a comparison need them all.
-    cells_table = analysis.load_table(run, "cells", None if explain or against or as_json else report.TABLE_COLUMNS)
-    cells = analysis.frame(cells_table)
-    orders = report.run_orders(run, cells)
-    order = orders["commit"]
-    if as_json:
-        sys.stdout.write(json.dumps(report.report_json(run, cells_table, orders), indent=2, allow_nan=False,
-                                    default=str) + "\n")
-    if against:
-        from sweeper.reports import compare
-
-        other = open_run(runs_dir, against, create=False)
-        warn_damage(other)
-        result = compare.compare(analysis.load_samples(run), cells, analysis.load_samples(other),
-                                 analysis.load_cells(other), suite_a=report.run_suite(run),
-                                 suite_b=report.run_suite(other), run_a=run.run_id, run_b=other.run_id,
-                                 fixed_a=compare.fixed_settings(manifest),
-                                 fixed_b=compare.fixed_settings(other.manifest_or_none()))
-        for line in compare.render(result):
-            out.print(line, markup=False, highlight=False)
-        out.print(compare.table(result))
-    if not own:
-        from sweeper.reports import spend
-
-        out.print(report.cells_table(cells, title=f"run {run.run_id}", orders=orders,
-                                     limit=None if all_cells else report.TABLE_ROWS, width=out.width))
-        for line in spend.run_notes(run):
-            out.print(line, markup=False, highlight=False)
-    if explain:
-        from sweeper.reports.explain_text import render as render_explanation
-
-        # Never wrapped: one line per fact, so a mode's line can be grepped from piped output.
-        out.print(render_explanation(report.explain_run(run, cells=cells)), markup=False, highlight=False,
-                  soft_wrap=True)
-    if heatmap:
-        row_axes = [a for a in (rows or "commit").split(",") if a]
-        col_axes = [a for a in (cols or "spec_method").split(",") if a]
-        # Counts per cell of the heatmap, aggregated in DuckDB: memory does not grow with the samples.
-        counts = analysis.failure_counts(run, [*row_axes, *col_axes], cells=cells_table)
-        path = report.heatmap(counts, row_axes, col_axes, heatmap,
-                              title=run.run_id, commit_order=order, orders=orders)
-        out.print(f"heatmap: {path}")
-    if html:
-        from sweeper.reports import html as html_report
-
-        out.print(f"html: {html_report.write(run, html)}")
+    options = ReportOptions(rows=rows, cols=cols, heatmap=heatmap, explain=explain, html=html, issue=issue, mode=mode,
+                            against=against, all_cells=all_cells, as_json=as_json)
+    report_run(runs_dir, run_id, options, Channels(out=out, raw=sys.stdout.write, warn=warn, note=note))
 
 
 def _version(value: bool) -> None:

@@ -37,6 +37,7 @@ class CommitInfo:
 
     @property
     def author_date(self) -> datetime:
+        """`date` as a datetime, for a caller that compares or formats it."""
         return datetime.fromisoformat(self.date)
 
     @property

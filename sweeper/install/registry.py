@@ -35,6 +35,7 @@ def register(kind: InstallKind) -> InstallKind:
 
 
 def unregister(name: str) -> None:
+    """Forget the kind of this name (a kind registered for a while, such as a test's toy kind)."""
     del _KINDS[name]
 
 

@@ -9,7 +9,8 @@ from statistics import NormalDist
 
 
 def z_for(confidence: float) -> float:
-    """Two-sided normal quantile: z_for(0.95) == 1.96."""
+    """Two-sided normal quantile: z_for(0.95) == 1.96, the `z` that `wilson` takes for an interval at
+    another confidence (`wilson(k, n, z_for(0.99))`)."""
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     return NormalDist().inv_cdf(0.5 + confidence / 2.0)

@@ -19,10 +19,10 @@ from rich.table import Table
 from rich.text import Text
 
 from sweeper.errors import SweepError, one_line
-from sweeper.store.env_record import EnvInfo
 from sweeper.judge.stats import wilson
 from sweeper.spec.matrix import resolve_path
 from sweeper.spec.status import Status
+from sweeper.store.env_record import EnvInfo
 from sweeper.store.manifest import BisectManifest, SweepManifest
 from sweeper.store.run_folder import RunDir
 
@@ -289,13 +289,6 @@ def _ago(seconds: float) -> str:
         if seconds >= size:
             return f"{seconds / size:.0f} {unit} ago"
     return "just now"
-
-
-def _sort_key(values: pd.Series, commit_order: Sequence[str]) -> pd.Series:
-    if values.name != "commit" or not commit_order:
-        return values.astype(str)
-    rank = {c: i for i, c in enumerate(commit_order)}
-    return values.astype(str).map(lambda c: f"{rank.get(c, len(rank)):08d} {c}")
 
 
 def _in_history_order(pivot: pd.DataFrame, commit_order: Sequence[str],
