@@ -25,12 +25,12 @@ import filelock
 
 from sweeper.errors import GitError
 from sweeper.install import git as gitrepo
-from sweeper.install.cache_entry import EnvInfo
 from sweeper.install.kind import Recipe
 from sweeper.install.registry import kind_of
 from sweeper.install.steps import INSTALL_TIMEOUT_S
 from sweeper.spec.matrix import Install
 from sweeper.store import files
+from sweeper.store.env_record import EnvInfo
 
 META = "meta.json"
 
