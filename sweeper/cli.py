@@ -260,6 +260,9 @@ def report_cmd(
     against: Annotated[str | None, typer.Option("--against", help="Compare with this run: failure-rate change per cell with its interval.")] = None,
     all_cells: Annotated[bool, typer.Option("--all", help="Show every cell in the table (default: the 200 that fail most, when there are more).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text: the run's cells (a bisect run: its verdict, as `sweep bisect --json` printed it), or with --explain the explanation (schemas: runs/README.md).")] = False,
+    metrics: Annotated[bool, typer.Option("--metrics", help="Serving metrics instead of failures: a table per load point (mean ± 95% interval over starts); with --against, each metric's change per matched cell with a verdict DIFFERENT/SAME/UNKNOWN.")] = False,
+    pareto: Annotated[Path | None, typer.Option("--pareto", help="Write throughput against TPOT per configuration, the Pareto frontier marked (PNG/SVG), here.")] = None,
+    metric: Annotated[str | None, typer.Option("--metric", help="With --heatmap: the serving metric to map (default mean_tpot_ms); with --against --metrics: only this metric.")] = None,
 ) -> None:
     """Failure rates per cell with 95% intervals (a bisect run: its verdict); or, instead, a heatmap,
     the explanation, an HTML report, a vLLM bug report, a comparison with another run, or JSON.
@@ -269,7 +272,8 @@ def report_cmd(
     from sweeper.reports.run_kind import Channels, ReportOptions, report_run
 
     options = ReportOptions(rows=rows, cols=cols, heatmap=heatmap, explain=explain, html=html, issue=issue, mode=mode,
-                            against=against, all_cells=all_cells, as_json=as_json)
+                            against=against, all_cells=all_cells, as_json=as_json, metrics=metrics, pareto=pareto,
+                            metric=metric)
     report_run(runs_dir, run_id, options, Channels(out=out, raw=sys.stdout.write, warn=warn, note=note))
 
 

@@ -24,6 +24,7 @@ from sweeper.reports.bisect import render as render_bisect
 from sweeper.reports.bug import issue_markdown
 from sweeper.reports.explain_json import to_json as explanation_json
 from sweeper.reports.explain_text import render as render_explanation
+from sweeper.reports.metrics import report_cli
 from sweeper.store import frames as analysis
 from sweeper.store.manifest import BisectManifest, Manifest
 from sweeper.store.run_folder import RunDir, open_run
@@ -45,6 +46,13 @@ class ReportOptions:
     against: str | None = None  # another run to compare with
     all_cells: bool = False
     as_json: bool = False
+    metrics: bool = False  # serving metrics instead of failures (a table, or with `against` a comparison)
+    pareto: Path | None = None  # throughput against TPOT per configuration, the frontier marked
+    metric: str | None = None  # the metric of a heatmap, or the only one compared
+
+    @property
+    def about_metrics(self) -> bool:
+        return self.metrics or self.pareto is not None or self.metric is not None
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,10 @@ class Channels:
 def report_run(runs_dir: str, run_id: str | None, options: ReportOptions, to: Channels) -> None:
     """Show run `run_id` under `runs_dir` (None: the latest) as its kind and `options` say."""
     o = options
+    if o.about_metrics:
+        report_cli(runs_dir, run_id, against=o.against, pareto_path=o.pareto, heatmap_path=o.heatmap, metric=o.metric,
+                   rows_axes=o.rows, cols_axes=o.cols, json_out=o.as_json, write=to.raw)
+        return
     if run_id is not None and not any((o.explain, o.html, o.issue, o.heatmap, o.against, o.all_cells)):
         record = triage_report.load(runs_dir, run_id)
         if record is not None:
