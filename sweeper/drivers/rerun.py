@@ -23,11 +23,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from sweeper.drivers.sweep import Plan, RunOutcome, jobs_for, resumed_plan
+from sweeper.drivers.sweep import RunOutcome, jobs_for, resumed_plan
 from sweeper.errors import ConfigError, Interrupted, StoreError
 from sweeper.execute.choice import choose
 from sweeper.execute.executor import ExecutorFactory
 from sweeper.execute.runner import GroupJob, GroupResult
+from sweeper.plan.sweep_plan import Plan
 from sweeper.spec.matrix import Cell, ServerGroup, legacy_cell_id
 from sweeper.spec.matrix_slice import matching
 from sweeper.store.manifest import PhaseRecord, SweepManifest, phases_of

@@ -29,10 +29,10 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from sweeper import __version__
 from sweeper.errors import RecordError, StoreError, clip, one_line
 from sweeper.store.catalogue import INDEXED, RunCatalogue, Wanted, keys_of
 from sweeper.store.location import Location, is_temp_name
+from sweeper.store.manifest import SWEEPER_VERSION as __version__
 from sweeper.store.manifest import Host, Manifest, Retry, SweepManifest, from_json, to_json
 from sweeper.store.metrics_table import METRICS_SCHEMA, TABLE
 
