@@ -114,7 +114,7 @@ def test_serve_values_true_false_null(tmp_path):
     (BASE + "axes:\n  commit: [v1]\nbogus: 1\n",
      ("m.yaml:6: bogus: unknown key; expected one of: name, description, model, suite, install, serve, env, "
       "request, spec_config, gpus_per_cell, repeats, concurrency, timeouts, max_response_mb, axes, exclude, include, design, cost, "
-          "adaptive, bench")),
+          "adaptive, bench, expect")),
     (BASE + "axes:\n  commit: []\n", "m.yaml:5: axes.commit: empty axis: expected at least one value"),
     (BASE + "axes:\n  colour: [red]\n",
      ("m.yaml:5: axes.colour: unknown axis; expected one of commit, spec_method, num_speculative_tokens, "
