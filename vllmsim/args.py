@@ -34,7 +34,6 @@ _PASSIVE: tuple[tuple[str, bool], ...] = (
     ("--quantization", True),
     ("--kv-cache-dtype", True),
     ("--block-size", True),
-    ("--max-num-seqs", True),
     ("--max-num-batched-tokens", True),
     ("--swap-space", True),
     ("--cpu-offload-gb", True),
@@ -116,6 +115,9 @@ def build_parser(release: tuple[int, int, int]) -> argparse.ArgumentParser:
     )
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="Fraction of GPU memory to use.")
     p.add_argument("--seed", type=int, default=0, help="Random seed.")
+    p.add_argument(
+        "--max-num-seqs", type=int, default=None, help="Maximum number of sequences per iteration (default 256)."
+    )
     for json_flag in (
         "--compilation-config",
         "--hf-overrides",

@@ -12,7 +12,7 @@ import random
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from vllmsim import generate as g
 from vllmsim.config import EngineConfig
@@ -48,7 +48,18 @@ class Completion:
         return text if any(t.channel in (Channel.CONTENT, Channel.TOOL) for t in self.tokens) else None
 
 
-def rng_for(req: ChatRequest, occurrence: int, server_seed: int) -> random.Random:
+class Sampled(Protocol):
+    """What decides a request's random source: a chat or a completions request."""
+
+    @property
+    def generation_key(self) -> str: ...
+    @property
+    def temperature(self) -> float: ...
+    @property
+    def seed(self) -> int | None: ...
+
+
+def rng_for(req: Sampled, occurrence: int, server_seed: int, *, stream: str = "") -> random.Random:
     # Greedy decoding and an explicit seed are reproducible; sampling varies between repeats.
     if req.seed is not None:
         key = f"seed:{req.seed}:{req.generation_key}"
@@ -56,7 +67,31 @@ def rng_for(req: ChatRequest, occurrence: int, server_seed: int) -> random.Rando
         key = f"greedy:{req.generation_key}"
     else:
         key = f"sample:{server_seed}:{occurrence}:{req.generation_key}"
+    if stream:  # a stream of its own (the tokens past eos), leaving the answer's draws as they were
+        key = f"{stream}:{key}"
     return random.Random(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big"))
+
+
+def lengthen(c: Completion, limit: int, *, ignore_eos: bool, min_tokens: int, rng: random.Random) -> Completion:
+    """The answer once eos is ignored (`ignore_eos`: on to `limit`) or held back (until `min_tokens`).
+
+    Only an answer that ended on eos of its own grows (text; not a tool call or a grammar-bound
+    document, which end where their grammar does). The words past the natural end come from `rng`.
+    """
+    if c.finish_reason != "stop" or c.tool_calls or not c.tokens or c.tokens[-1].id != g.EOS_ID:
+        return c
+    body = c.tokens[:-1]
+    target = limit if ignore_eos else max(len(body), min(min_tokens, limit))
+    if target == len(body):
+        return c
+    more = g.words(rng, target - len(body), Channel.CONTENT)
+    if body and more:  # a continuation, not a new first word
+        first = more[0]
+        more[0] = Token(g.token_id(" " + first.text.lower()), " " + first.text.lower(), first.channel)
+    tokens = body + more
+    if len(tokens) >= limit:
+        return Completion(tokens[:limit], "length", c.prompt_token_ids)
+    return Completion([*tokens, g.control(g.EOS_ID, "")], "stop", c.prompt_token_ids)
 
 
 def build(req: ChatRequest, cfg: EngineConfig, bugs: list[Bug], rng: random.Random) -> Completion:
@@ -117,6 +152,15 @@ def build(req: ChatRequest, cfg: EngineConfig, bugs: list[Bug], rng: random.Rand
     if len(tokens) < limit:
         tokens.append(g.control(g.EOS_ID, ""))
     return Completion(tokens, "stop", prompt_ids)
+
+
+def apply_length_options(req: ChatRequest, cfg: EngineConfig, c: Completion, occurrence: int) -> Completion:
+    """`ignore_eos` and `min_tokens` on a built answer (a text answer only: see `lengthen`)."""
+    if not (req.ignore_eos or req.min_tokens) or req.schema is not None or req.json_object:
+        return c
+    limit = req.max_tokens if req.max_tokens is not None else max(1, cfg.max_model_len - len(c.prompt_token_ids))
+    more = rng_for(req, occurrence, cfg.seed, stream="lengthen")
+    return lengthen(c, limit, ignore_eos=req.ignore_eos, min_tokens=req.min_tokens, rng=more)
 
 
 def _degenerate(

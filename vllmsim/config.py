@@ -88,6 +88,7 @@ TOOL_PARSERS = (
     "minimax_m2",
     "seed_oss",
 )
+DEFAULT_MAX_NUM_SEQS = 256
 STRUCTURED_BACKENDS = ("auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer")
 _TRUE = ("1", "true", "yes", "on")
 
@@ -118,6 +119,7 @@ class EngineConfig:
     auto_tool_choice: bool
     structured_outputs_backend: str
     release: tuple[int, int, int] = (0, 0, 0)
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS  # requests running at once; later ones wait (perf model)
 
     def traits(self) -> dict[str, Any]:
         """The keys a bug's `when` is matched against."""
@@ -296,6 +298,7 @@ def resolve(ns: argparse.Namespace, env: Mapping[str, str], tree: Tree) -> Start
         auto_tool_choice=ns.enable_auto_tool_choice,
         structured_outputs_backend="xgrammar" if so_backend == "auto" else so_backend,
         release=release,
+        max_num_seqs=max(1, ns.max_num_seqs or DEFAULT_MAX_NUM_SEQS),
     )
 
     out.lines.append(Line("INFO", "model.py:547", "Resolved architecture: Qwen3ForCausalLM"))

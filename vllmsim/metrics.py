@@ -1,7 +1,10 @@
 """`/metrics` in vLLM's Prometheus names, built with prometheus_client as vLLM itself does.
 
-Speculative decoding counters move per generated token with a per-position acceptance that
-depends on the method, so acceptance figures read like a real deployment's.
+Without a `perf:` section, a finished request's speculative decoding counters are drawn after the
+fact with a per-position acceptance that depends on the method (`observe`), so acceptance figures
+read like a real deployment's. With one, the performance model counts each decode step as it
+happens (`prompt`, `step`, `finish`): the counters are those of the drafts that paced the answer.
+`vllm:num_requests_running` and `vllm:num_requests_waiting` are the requests admitted and queued now.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import random
 import threading
 
 import prometheus_client
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from vllmsim.config import EngineConfig
 
@@ -62,6 +65,14 @@ class Metrics:
             names,
             registry=r,
         )
+        self.running = Gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches.", names, registry=r
+        )
+        self.waiting = Gauge(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed.", names, registry=r
+        )
+        self.running.labels(**self._labels)
+        self.waiting.labels(**self._labels)
         self.spec_k = cfg.num_speculative_tokens
         self.spec_p = _FIRST_ACCEPT.get(cfg.spec_method, 0.6)
         self._lock = threading.Lock()
@@ -83,6 +94,15 @@ class Metrics:
             )
             for pos in range(self.spec_k):
                 self.per_pos.labels(**self._labels, position=str(pos))
+        # The children a decode step moves, looked up once: a step is the simulator's hot path.
+        self._step_children = (
+            (self.drafts.labels(**self._labels), self.draft_tokens.labels(**self._labels),
+             self.accepted.labels(**self._labels),
+             [self.per_pos.labels(**self._labels, position=str(pos)) for pos in range(self.spec_k)])
+            if self.spec_k
+            else None
+        )
+        self._generated = self.generation_tokens.labels(**self._labels)
 
     def observe(
         self,
@@ -103,6 +123,34 @@ class Metrics:
             if self.spec_k:
                 self._spec_decode(generation_tokens, rng)
 
+    # --- the performance model's counting, step by step ----------------------------------------
+
+    def prompt(self, tokens: int) -> None:
+        """A request's prefill is done."""
+        self.prompt_tokens.labels(**self._labels).inc(tokens)
+
+    def step(self, *, emitted: int, accepted: int | None = None) -> None:
+        """A decode step emitted `emitted` tokens; with speculation it verified k drafts, `accepted`
+        of them (counted whole, as vLLM's scheduler counts them, even past max_tokens)."""
+        with self._lock:
+            self._generated.inc(emitted)
+            if self._step_children is not None and accepted is not None:
+                drafts, draft_tokens, accepted_tokens, per_pos = self._step_children
+                drafts.inc()
+                draft_tokens.inc(self.spec_k)
+                accepted_tokens.inc(accepted)
+                for child in per_pos[:accepted]:
+                    child.inc()
+
+    def finish(self, *, finish_reason: str, ttft_s: float, e2e_s: float) -> None:
+        self.success.labels(**self._labels, finished_reason=finish_reason).inc()
+        self.ttft.labels(**self._labels).observe(ttft_s)
+        self.e2e.labels(**self._labels).observe(e2e_s)
+
+    def load(self, *, running: int, waiting: int) -> None:
+        self.running.labels(**self._labels).set(running)
+        self.waiting.labels(**self._labels).set(waiting)
+
     def _spec_decode(self, generated: int, rng: random.Random) -> None:
         # Each step drafts k tokens; a prefix of them is accepted, plus one token from the target model.
         produced = 0
@@ -117,4 +165,5 @@ class Metrics:
             produced += accepted + 1
 
     def exposition(self) -> bytes:
-        return prometheus_client.generate_latest(self.registry)
+        with self._lock:  # never between a step's counters: drafts and accepted tokens agree
+            return prometheus_client.generate_latest(self.registry)

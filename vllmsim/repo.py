@@ -5,6 +5,16 @@ Every commit rewrites `sim.yaml` (what the simulator does at that commit) and on
 hundreds of commits take well under a second. The planted facts (tags, culprit, fix, broken
 installs) go to `.git/sim-plan.json`, outside the tree, so a test can hold a bisect to the truth.
 
+The demo history also declares a performance model (`perf:` in every commit's `sim.yaml`, the
+same base numbers throughout: `DEMO_PERF`) with two planted metric changes, listed in the plan's
+`perf_changes` (id, metric, factor, when, from_position, introduced {sha, index, subject}, fixed)
+and made by `demo_perf_changes()`:
+- `mtp-v2-acceptance` at index 6 (`v0.28.0~1`, "[Model Runner V2] Share the draft KV cache across
+  MTP steps (#43904)"): MTP acceptance at draft positions 2 and on × 0.8, with Model Runner V2 only;
+- `sync-decode-step` at index 8 (`main~3`, "[Core] Copy sampled token ids to the host every
+  synchronous step (#43922)"): the decode step (TPOT, ITL) × 1.1 without async scheduling only.
+The bisect history has no `perf:` section: its timing is `token_latency_s`, as before.
+
 `rate_sd` > 0 (`--rate-sd`) gives every planted bug with a rate below 1 that `rate_sd` in
 `sim.yaml`: its rate then varies between server starts (see `tree`). The default, 0, writes no
 `rate_sd` key: every start of a commit then replays the same outcomes.
@@ -105,6 +115,70 @@ class BugPlan:
 
 
 @dataclass
+class PerfChangePlan:
+    """A planted metric change: its entry in `sim.yaml`'s `perf.changes` from `introduced` on."""
+
+    id: str
+    metric: str
+    factor: float
+    when: dict[str, list[Any]]
+    introduced: int
+    fixed: int | None = None
+    from_position: int | None = None  # acceptance changes: the first draft position hit (0-based)
+
+    def declaration(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "metric": self.metric}
+        if self.from_position is not None:
+            out["from_position"] = self.from_position
+        out.update(factor=self.factor, when=self.when)
+        return out
+
+    def active(self, index: int) -> bool:
+        return self.introduced <= index and (self.fixed is None or index < self.fixed)
+
+
+# The demo's performance model at every commit: a step of 2 ms, prefill at 0.05 ms a token, per-start
+# spread 2 %, per-request 3 %. Fast enough that a load phase of a few hundred short requests takes
+# seconds (and the correctness replays of the demo stay within about twice their unpaced time),
+# slow enough that a sleep's lateness (tens of µs, never summed over a request) is small against a step.
+DEMO_PERF: dict[str, Any] = {
+    "prefill_s_per_token": 0.00005,
+    "decode_step_s": 0.002,
+    "draft_s_per_token": 0.00005,
+    "batch_slowdown": 0.01,
+    "async_overlap": 0.08,
+    "attention_backends": {"FLASH_ATTN": 1.0, "FLASHINFER": 0.96, "TRITON_ATTN": 1.12, "FLEX_ATTENTION": 1.3},
+    "acceptance": {
+        "mtp": [0.9, 0.75, 0.6, 0.45],
+        "eagle3": [0.85, 0.7, 0.56, 0.44],
+        "eagle": [0.8, 0.62, 0.48, 0.36],
+        "ngram": [0.5, 0.35, 0.25, 0.18],
+    },
+    "start_cv": 0.02,
+    "request_cv": 0.03,
+}
+MTP_V2_ACCEPTANCE_INDEX = 6
+SYNC_STEP_INDEX = 8
+
+
+def demo_perf_changes() -> list[PerfChangePlan]:
+    """The demo's planted metric changes (fresh objects: a history may edit its own)."""
+    return [
+        PerfChangePlan(
+            "mtp-v2-acceptance",
+            "acceptance",
+            0.8,
+            {"spec_method": ["mtp"], "model_runner": ["V2"]},
+            introduced=MTP_V2_ACCEPTANCE_INDEX,
+            from_position=2,
+        ),
+        PerfChangePlan(
+            "sync-decode-step", "decode_step", 1.1, {"async_scheduling": [False]}, introduced=SYNC_STEP_INDEX
+        ),
+    ]
+
+
+@dataclass
 class History:
     subjects: list[str]
     tags: dict[int, str]  # commit index -> tag name
@@ -113,6 +187,8 @@ class History:
     culprit: int = 0
     fix: int | None = None
     day_s: int = 3 * 3600
+    perf: dict[str, Any] | None = None  # the `perf:` section's base (None: no performance model)
+    perf_changes: list[PerfChangePlan] = field(default_factory=list)
 
 
 def make(
@@ -157,6 +233,10 @@ def _demo(rng: random.Random) -> History:
     subjects[2] = "[Spec Decode] Enforce strict tool-call grammars while MTP drafts (#43911)"
     subjects[5] = "[Bugfix][Structured Output] Fix failed FSM advance with speculative decoding (#44297)"
     subjects[9] = "[Model Runner V2] Fused multi-step draft decode for MTP (#54120)"
+    # The planted metric changes: their subjects replace noise drawn above, so the draws (and with
+    # them every other commit's subject, author and source) stay as they were.
+    subjects[MTP_V2_ACCEPTANCE_INDEX] = "[Model Runner V2] Share the draft KV cache across MTP steps (#43904)"
+    subjects[SYNC_STEP_INDEX] = "[Core] Copy sampled token ids to the host every synchronous step (#43922)"
     bugs = [
         BugPlan("fsm-whitespace", "fsm_whitespace", dict(FSM_WHEN), 0.33, introduced=2, fixed=5),
         BugPlan(
@@ -174,7 +254,16 @@ def _demo(rng: random.Random) -> History:
             introduced=9,
         ),
     ]
-    return History(subjects, {0: "v0.27.0", 7: "v0.28.0"}, bugs, culprit=2, fix=5, day_s=2 * 86400)
+    return History(
+        subjects,
+        {0: "v0.27.0", 7: "v0.28.0"},
+        bugs,
+        culprit=2,
+        fix=5,
+        day_s=2 * 86400,
+        perf=DEMO_PERF,
+        perf_changes=demo_perf_changes(),
+    )
 
 
 def _bisect(rng: random.Random, commits: int) -> History:
@@ -230,6 +319,11 @@ def _sim_yaml(history: History, index: int) -> str:
         "token_latency_s": 0.0005,
         "bugs": [b.declaration() for b in history.bugs if b.active(index)],
     }
+    if history.perf is not None:
+        doc["perf"] = {
+            **history.perf,
+            "changes": [c.declaration() for c in history.perf_changes if c.active(index)],
+        }
     return str(yaml.safe_dump(doc, sort_keys=False))
 
 
@@ -309,6 +403,18 @@ def _plan(history: History, shas: list[str], scenario: Scenario, seed: int) -> d
                 "fixed": at(b.fixed),
             }
             for b in history.bugs
+        ],
+        "perf_changes": [
+            {
+                "id": c.id,
+                "metric": c.metric,
+                "factor": c.factor,
+                "when": c.when,
+                "from_position": c.from_position,
+                "introduced": at(c.introduced),
+                "fixed": at(c.fixed),
+            }
+            for c in history.perf_changes
         ],
         "first_parent": shas,
     }

@@ -35,6 +35,8 @@ class ChatRequest:
     thinking_budget: int | None
     enable_thinking: bool
     return_token_ids: bool
+    ignore_eos: bool = False  # generate until max_tokens: no eos ends the answer
+    min_tokens: int = 0  # no eos before this many tokens
 
     def traits(self) -> dict[str, Any]:
         """The request keys a bug's `when` is matched against."""
@@ -51,19 +53,23 @@ class ChatRequest:
 # The request fields vLLM's ChatCompletionRequest declares (OpenAI's and vLLM's own); any other field
 # is accepted and ignored, with a log line (`ignored_fields_line`).
 CHAT_FIELDS: frozenset[str] = frozenset({
-    "messages", "model", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "max_tokens",
-    "max_completion_tokens", "n", "presence_penalty", "response_format", "seed", "stop", "stream",
-    "stream_options", "temperature", "top_p", "tools", "tool_choice", "reasoning_effort", "include_reasoning",
-    "parallel_tool_calls", "user", "function_call", "functions", "metadata", "store", "modalities", "audio",
-    "prediction", "service_tier", "web_search_options", "verbosity", "safety_identifier", "prompt_cache_key",
-    "best_of", "use_beam_search", "top_k", "min_p", "repetition_penalty", "length_penalty", "stop_token_ids",
-    "include_stop_str_in_output", "ignore_eos", "min_tokens", "skip_special_tokens",
-    "spaces_between_special_tokens", "truncate_prompt_tokens", "prompt_logprobs", "allowed_token_ids",
-    "bad_words", "echo", "add_generation_prompt", "continue_final_message", "add_special_tokens", "documents",
-    "chat_template", "chat_template_kwargs", "mm_processor_kwargs", "structured_outputs", "guided_json",
-    "guided_regex", "guided_choice", "guided_grammar", "structural_tag", "guided_decoding_backend",
-    "guided_whitespace_pattern", "priority", "request_id", "logits_processors", "return_tokens_as_token_ids",
-    "return_token_ids", "cache_salt", "kv_transfer_params", "vllm_xargs", "thinking_token_budget",
+    "add_generation_prompt", "add_special_tokens", "allowed_token_ids", "audio", "bad_words", "best_of",
+    "cache_salt", "chat_template", "chat_template_kwargs", "continue_final_message", "documents",
+    "ec_transfer_params", "echo", "frequency_penalty", "function_call", "functions", "guided_choice",
+    "guided_decoding_backend", "guided_grammar", "guided_json", "guided_regex", "guided_whitespace_pattern",
+    "ignore_eos", "include_reasoning", "include_stop_str_in_output", "kv_transfer_params", "length_penalty",
+    "logit_bias", "logits_processors", "logprob_token_ids", "logprobs", "max_completion_tokens", "max_tokens",
+    "media_io_kwargs", "messages", "metadata", "min_p", "min_tokens", "mm_payload", "mm_processor_kwargs",
+    "modalities", "model", "n", "parallel_tool_calls", "prediction", "presence_penalty", "priority",
+    "prompt_cache_key", "prompt_logprobs", "reasoning_effort", "repetition_detection", "repetition_penalty",
+    "request_id", "response_format", "return_mm_kwargs", "return_prompt_text", "return_token_ids",
+    "return_token_offsets", "return_tokens_as_token_ids", "return_weight_versions",
+    "routed_experts_prompt_start", "safety_identifier", "seed", "service_tier", "session_id",
+    "skip_special_tokens", "spaces_between_special_tokens", "stop", "stop_token_ids", "store", "stream",
+    "stream_interval", "stream_options", "structural_tag", "structured_outputs", "temperature",
+    "thinking_token_budget", "tool_choice", "tools", "top_k", "top_logprobs", "top_p",
+    "truncate_prompt_tokens", "truncation_side", "use_beam_search", "user", "verbosity", "vllm_xargs",
+    "watermarking", "web_search_options",
 })
 # vLLM logs ignored fields at WARNING before 0.20 and at DEBUG from then on (shown only with
 # VLLM_LOGGING_LEVEL=DEBUG).
@@ -76,6 +82,8 @@ def ignored_fields(body: dict[str, Any]) -> set[str]:
 
 # Fields that change how an answer is delivered, not which tokens it has.
 _TRANSPORT = frozenset({"stream", "stream_options", "return_token_ids", "logprobs", "top_logprobs", "user"})
+# Fields that decide where an answer stops, not which tokens it has: the answer past eos continues it.
+LENGTH_ONLY = frozenset({"ignore_eos", "min_tokens"})
 
 
 def parse(body: Any, cfg: EngineConfig) -> ChatRequest:
@@ -109,6 +117,7 @@ def parse(body: Any, cfg: EngineConfig) -> ChatRequest:
     seed = body.get("seed")
     if seed is not None and not isinstance(seed, int):
         raise RequestError("seed: Input should be a valid integer")
+    ignore_eos, min_tokens = length_options(body, max_tokens)
     stream = bool(body.get("stream", False))
     stream_options = body.get("stream_options") or {}
     if body.get("stream_options") is not None and not stream:
@@ -136,7 +145,9 @@ def parse(body: Any, cfg: EngineConfig) -> ChatRequest:
         )
     return ChatRequest(
         canonical=json.dumps(body, sort_keys=True, separators=(",", ":")),
-        generation_key=json.dumps({k: v for k, v in body.items() if k not in _TRANSPORT}, sort_keys=True),
+        generation_key=json.dumps(
+            {k: v for k, v in body.items() if k not in _TRANSPORT and k not in LENGTH_ONLY}, sort_keys=True
+        ),
         prompt_text=prompt,
         max_tokens=max_tokens,
         temperature=float(temperature),
@@ -150,7 +161,22 @@ def parse(body: Any, cfg: EngineConfig) -> ChatRequest:
         thinking_budget=budget,
         enable_thinking=enable_thinking,
         return_token_ids=bool(body.get("return_token_ids", False)),
+        ignore_eos=ignore_eos,
+        min_tokens=min_tokens,
     )
+
+
+def length_options(body: dict[str, Any], max_tokens: int | None) -> tuple[bool, int]:
+    """`ignore_eos` and `min_tokens`, checked as vLLM's SamplingParams checks them."""
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise RequestError("ignore_eos: Input should be a valid boolean")
+    min_tokens = body.get("min_tokens", 0)
+    if not isinstance(min_tokens, int) or isinstance(min_tokens, bool) or min_tokens < 0:
+        raise RequestError(f"min_tokens must be greater than or equal to 0, got {min_tokens}.")
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise RequestError(f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}.")
+    return ignore_eos, min_tokens
 
 
 def _response_format(fmt: Any) -> tuple[Any, bool]:

@@ -1,32 +1,46 @@
-"""The OpenAI-compatible HTTP server: /health, /v1/models, /v1/chat/completions, /metrics.
+"""The OpenAI-compatible HTTP server: /health, /v1/models, /v1/chat/completions, /v1/completions,
+/metrics.
 
 The stdlib's ThreadingHTTPServer starts in milliseconds and gives each connection a thread, which
-is enough for a replay's bounded concurrency; per-token latency is a sleep in that thread.
+is enough for a replay's bounded concurrency; latency is a sleep in that thread. Without a `perf:`
+section a chat answer sleeps `token_latency_s` per token (`_pace`, `_stream`); with one, every
+answer is paced by the performance model (`_paced`, see `perf`): admission, prefill, then one
+decode step at a time, each streamed as it is produced.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import random
 import signal
 import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from vllmsim import chat
-from vllmsim.behaviour import Behaviour
+from vllmsim import chat, completions
+from vllmsim.behaviour import Behaviour, start_nonce
+from vllmsim.chunks import ChatRender, Render, TextRender
 from vllmsim.config import EngineConfig, Startup
 from vllmsim.generate import Channel
 from vllmsim.logs import Line, Logger
 from vllmsim.metrics import Metrics
+from vllmsim.perf import LegacyTiming, Performance, RequestTiming
 from vllmsim.request import IGNORED_AT_DEBUG_SINCE, ChatRequest, RequestError, ignored_fields, parse
 from vllmsim.tree import Bug, Effect, Tree
 
-_ROUTES = ("/health", "/metrics", "/version", "/v1/models", "/v1/chat/completions")
+_ROUTES = ("/health", "/metrics", "/version", "/v1/models", "/v1/chat/completions", "/v1/completions")
+_ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+
+
+class EngineDied(Exception):
+    """The engine died while a paced request was running."""
 
 
 class Engine:
@@ -36,9 +50,42 @@ class Engine:
         self.tree, self.cfg, self.log = tree, cfg, log
         self.behaviour = Behaviour(tree, cfg)
         self.metrics = Metrics(cfg)
+        # The performance model: None without a `perf:` section (then `token_latency_s` per token).
+        self.perf = Performance(tree.perf, cfg, start_nonce()) if tree.perf is not None else None
         self.stopping = threading.Event()
         self.dead = threading.Event()  # the engine died: every request now fails until the process exits
         self.created = int(time.time())
+        self._slots = threading.BoundedSemaphore(cfg.max_num_seqs)
+        self._load_lock = threading.Lock()
+        self.running = 0  # requests admitted (prefill or decode)
+        self.waiting = 0  # requests queued for a slot
+
+    @contextlib.contextmanager
+    def admitted(self, *, queue: bool) -> Iterator[bool]:
+        """While a request runs: counted in `vllm:num_requests_running`, after waiting for one of
+        `--max-num-seqs` slots when `queue` (the performance model; without it nothing queues).
+        Yields whether the request had to wait for its slot."""
+        waited = False
+        if queue and not self._slots.acquire(blocking=False):
+            waited = True
+            self._count(waiting=1)
+            try:
+                self._slots.acquire()
+            finally:
+                self._count(waiting=-1)
+        self._count(running=1)
+        try:
+            yield waited
+        finally:
+            self._count(running=-1)
+            if queue:
+                self._slots.release()
+
+    def _count(self, *, running: int = 0, waiting: int = 0) -> None:
+        with self._load_lock:
+            self.running += running
+            self.waiting += waiting
+            self.metrics.load(running=self.running, waiting=self.waiting)
 
 
 class SimHTTPServer(ThreadingHTTPServer):
@@ -99,10 +146,14 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
-        if path != "/v1/chat/completions":
+        if path not in ("/v1/chat/completions", "/v1/completions"):
             self._json(404 if path not in _ROUTES else 405, {"detail": "Not Found"})
             return
-        if self._authorized():
+        if not self._authorized():
+            return
+        if path == "/v1/completions":
+            self._completions(raw)
+        else:
             self._chat(raw)
 
     def _authorized(self) -> bool:
@@ -156,6 +207,20 @@ class Handler(BaseHTTPRequestHandler):
                 f"Failed to advance FSM for request {rid} for tokens "
                 f"{completion.fsm_error_token}. Please file an issue.",
             )
+        completion = chat.apply_length_options(req, engine.cfg, completion, n)
+        if engine.perf is not None:
+            render = ChatRender(rid, engine.cfg.served_model_names[0], int(time.time()), req, completion,
+                                reasoning=engine.cfg.reasoning_parser != "none")
+            self._paced(rid, engine.perf.request(req.canonical, n), completion, start, render, stream=req.stream,
+                        response=lambda: self._response(rid, req, completion))
+            return
+        with engine.admitted(queue=False):
+            self._chat_unpaced(rid, req, completion, start, rng)
+
+    def _chat_unpaced(self, rid: str, req: ChatRequest, completion: chat.Completion, start: float,
+                      rng: random.Random) -> None:
+        """Without a performance model: `token_latency_s` per token, the counters drawn at the end."""
+        engine = self.server.engine
         if req.stream:
             try:
                 ttft = self._stream(rid, req, completion, start)
@@ -174,6 +239,151 @@ class Handler(BaseHTTPRequestHandler):
             e2e_s=time.monotonic() - start,
             rng=rng,
         )
+
+    # --- completions ---------------------------------------------------------------------------
+
+    def _completions(self, raw: bytes) -> None:
+        engine = self.server.engine
+        start = time.monotonic()
+        rid = "cmpl-" + (self.headers.get("X-Request-Id") or uuid.uuid4().hex)
+        if engine.dead.is_set():
+            self._json(500, RequestError(_ENGINE_DEAD, status=500, kind="InternalServerError").body())
+            return
+        try:
+            try:
+                body = json.loads(raw or b"null")
+            except json.JSONDecodeError as exc:
+                raise RequestError(f"JSON decode error: {exc.msg}") from exc
+            req = completions.parse(body, engine.cfg)
+        except RequestError as exc:
+            engine.log.error_line("serving_completion.py:171", f"Error with request {rid}: {exc.message}")
+            self._json(exc.status, exc.body())
+            return
+        n, bugs = engine.behaviour.bites(req.canonical, req.traits())
+        engine.log.info_line("async_llm.py:351", f"Added request {rid}.")
+        effects = {b.effect for b in bugs}
+        if Effect.CRASH in effects:
+            self._crash(rid, next(b for b in bugs if b.effect is Effect.CRASH))
+            return
+        if Effect.HANG in effects:
+            engine.stopping.wait()
+            self.close_connection = True
+            return
+        completion = completions.build(req, n, engine.cfg.seed)
+        render = TextRender(rid, engine.cfg.served_model_names[0], int(time.time()), req, completion)
+        if engine.perf is not None:
+            timing: RequestTiming | LegacyTiming = engine.perf.request(req.canonical, n)
+            legacy_rng: random.Random | None = None
+        else:
+            timing = LegacyTiming(engine.tree.token_latency_s)
+            legacy_rng = chat.rng_for(req, n, engine.cfg.seed, stream="metrics")
+        self._paced(rid, timing, completion, start, render, stream=req.stream, response=render.response,
+                    legacy_rng=legacy_rng)
+
+    # --- pacing ----------------------------------------------------------------------------------
+
+    def _paced(
+        self,
+        rid: str,
+        timing: RequestTiming | LegacyTiming,
+        c: chat.Completion,
+        start: float,
+        render: Render,
+        *,
+        stream: bool,
+        response: Callable[[], dict[str, Any]],
+        legacy_rng: random.Random | None = None,
+    ) -> None:
+        """Admission, prefill, then one decode step at a time; each step streamed as it is produced.
+
+        The counters move as the steps happen (the performance model), or, with `legacy_rng`, are
+        drawn once at the end as the unpaced chat path draws them."""
+        engine = self.server.engine
+        if stream:
+            self._stream_headers()
+        try:
+            self._run_steps(timing, c, start, render, stream=stream, legacy_rng=legacy_rng)
+        except (BrokenPipeError, ConnectionResetError):
+            engine.log.info_line("async_llm.py:410", f"Aborted request {rid}.")
+            self.close_connection = True
+            return
+        except EngineDied:
+            engine.log.info_line("async_llm.py:410", f"Aborted request {rid}.")
+            if stream:
+                self.close_connection = True  # the chunked body ends unfinished: the client sees an error
+            else:
+                self._json(500, RequestError(_ENGINE_DEAD, status=500, kind="InternalServerError").body())
+            return
+        try:
+            if stream:
+                for body in render.tail():
+                    self._write_chunk(f"data: {json.dumps(body)}\n\n".encode())
+                self._write_chunk(b"data: [DONE]\n\n")
+                self._write_chunk(b"")
+            else:
+                self._json(200, response())
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def _run_steps(
+        self,
+        timing: RequestTiming | LegacyTiming,
+        c: chat.Completion,
+        start: float,
+        render: Render,
+        *,
+        stream: bool,
+        legacy_rng: random.Random | None,
+    ) -> None:
+        engine = self.server.engine
+        metrics = engine.metrics
+        counting = legacy_rng is None
+        total = len(c.tokens)
+        prompt_tokens = len(c.prompt_token_ids)
+
+        def send(bodies: list[dict[str, Any]]) -> None:
+            if stream:
+                for body in bodies:
+                    self._write_chunk(f"data: {json.dumps(body)}\n\n".encode())
+
+        with engine.admitted(queue=counting) as waited:
+            # Prefill starts when the request arrived (its parsing and generation inside the prefill
+            # time, so a client's TTFT is the declared one plus the HTTP round trip), or when a slot
+            # freed up for a request that queued.
+            deadline = (time.monotonic() if waited else start) + timing.prefill_s(prompt_tokens)
+            _sleep_until(deadline)
+            if engine.dead.is_set():
+                raise EngineDied
+            emitted = min(1, total)  # the prefill's token
+            if counting:
+                metrics.prompt(prompt_tokens)
+                metrics.step(emitted=emitted)
+            ttft = time.monotonic() - start
+            send(render.first() + render.step(c.tokens[:emitted], last=emitted == total))
+            while emitted < total:
+                accepted, seconds = timing.step(engine.running)
+                deadline += seconds
+                _sleep_until(deadline)
+                if engine.dead.is_set():
+                    raise EngineDied
+                count = min(1 + accepted, total - emitted)
+                if counting:
+                    metrics.step(emitted=count, accepted=accepted if timing.k else None)
+                send(render.step(c.tokens[emitted : emitted + count], last=emitted + count == total))
+                emitted += count
+            e2e = time.monotonic() - start
+            if legacy_rng is None:
+                metrics.finish(finish_reason=c.finish_reason, ttft_s=ttft, e2e_s=e2e)
+            else:
+                metrics.observe(prompt_tokens=prompt_tokens, generation_tokens=total,
+                                finish_reason=c.finish_reason, ttft_s=ttft, e2e_s=e2e, rng=legacy_rng)
+
+    def _stream_headers(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self._access(200)
 
     def _pace(self, count: int, start: float) -> float:
         latency = self.server.engine.tree.token_latency_s
@@ -361,6 +571,8 @@ def run(startup: Startup, tree: Tree, log: Logger) -> int:
     engine = Engine(tree, cfg, log)
     for line in engine.behaviour.start_lines():
         log.emit(line)
+    for line in engine.perf.start_lines() if engine.perf is not None else []:
+        log.emit(line)
 
     # The handler takes no lock: it runs in the main thread, which may hold the very lock that
     # Event.set() needs (inside Event.wait), and would then wait on itself forever. A pipe carries the
@@ -415,3 +627,9 @@ def run(startup: Startup, tree: Tree, log: Logger) -> int:
     log.uvicorn(f"Finished server process [{os.getpid()}]")
     sys.stdout.flush()
     return 0
+
+
+def _sleep_until(deadline: float) -> None:
+    delay = deadline - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)

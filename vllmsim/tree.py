@@ -39,6 +39,41 @@ regression's rate can depend on the GPU, the batch mix and the warm-up of each s
 the bug's rate is drawn once from a Beta distribution with mean `rate` and standard deviation
 `rate_sd`, and that rate holds for the life of the process (see `behaviour`). A Beta with that mean
 and spread exists only when rate_sd² < rate·(1 − rate), so 0 < rate < 1 is required too.
+
+`perf` (optional) is the commit's performance model (see `perf` for what the server does with it).
+Without it, timing is `token_latency_s` per generated token, as always; with it, `perf` decides
+every time and the speculative-decoding counters, and `token_latency_s` is ignored. Every key is
+optional (times in seconds, factors multiply):
+
+```yaml
+perf:
+  prefill_s_per_token: 0.00005  # prefill time per prompt token: TTFT = queueing + prompt tokens × this
+  decode_step_s: 0.003          # one decode step of the target model at batch 1 (one token without
+                                # speculation, 1 + accepted drafts with it)
+  draft_s_per_token: 0.0001     # added to a decode step per proposed draft token
+  batch_slowdown: 0.01          # a step takes (1 + this × (running requests − 1)) × decode_step_s
+  async_overlap: 0.08           # fraction of decode_step_s saved with async scheduling on
+  attention_backends:           # speed factor on prefill and decode step per EFFECTIVE backend
+    {FLASH_ATTN: 1.0, TRITON_ATTN: 1.15}  # (unlisted backends: 1.0)
+  acceptance:                   # per spec method: the probability that draft position i (0-based,
+    mtp: [0.9, 0.75, 0.6, 0.45] # the /metrics `position` label) is accepted given that position
+    ngram: [0.5, 0.35, 0.25]    # i − 1 was; unlisted methods take `perf.DEFAULT_ACCEPTANCE`;
+                                # positions past the list continue at 0.8 × the previous one
+  start_cv: 0.02                # coefficient of variation of one factor on all times, drawn once
+                                # per server start (log-normal, mean 1)
+  request_cv: 0.03              # the same, drawn once per request
+  changes:                      # declared metric changes of this commit, each: metric, factor
+                                # (required), id, when, positions or from_position (acceptance only)
+    - id: mtp-v2-acceptance
+      metric: acceptance        # acceptance | decode_step | prefill | draft (see PerfMetric)
+      from_position: 2          # or positions: [2, 3]; neither: every position
+      factor: 0.8               # acceptance probabilities are capped at 1
+      when: {spec_method: mtp, model_runner: V2}
+    - {id: sync-step, metric: decode_step, factor: 1.1, when: {async_scheduling: false}}
+```
+
+A change's `when` takes the server keys of a bug's `when` and is matched the same way, against the
+effective configuration; request keys are refused (a change holds for the whole server).
 """
 
 from __future__ import annotations
@@ -76,8 +111,23 @@ SERVER_KEYS = frozenset(
 REQUEST_KEYS = frozenset(
     {"json_schema", "json_object", "tools", "thinking_budget", "stream", "enable_thinking"}
 )
-_TOP_KEYS = frozenset({"version", "install", "startup_s", "token_latency_s", "bugs"})
+_TOP_KEYS = frozenset({"version", "install", "startup_s", "token_latency_s", "bugs", "perf"})
 _BUG_KEYS = frozenset({"id", "effect", "when", "rate", "rate_sd", "after_requests", "message", "exit_after_s"})
+_PERF_KEYS = frozenset(
+    {
+        "prefill_s_per_token",
+        "decode_step_s",
+        "draft_s_per_token",
+        "batch_slowdown",
+        "async_overlap",
+        "attention_backends",
+        "acceptance",
+        "start_cv",
+        "request_cv",
+        "changes",
+    }
+)
+_CHANGE_KEYS = frozenset({"id", "metric", "factor", "positions", "from_position", "when"})
 
 
 class TreeError(ValueError):
@@ -113,6 +163,44 @@ class Bug:
         return {k: v for k, v in self.when.items() if k in REQUEST_KEYS}
 
 
+class PerfMetric(enum.Enum):
+    """What a declared performance change multiplies."""
+
+    ACCEPTANCE = "acceptance"  # the conditional acceptance probability of draft positions
+    DECODE_STEP = "decode_step"  # the whole decode step (drafting included): TPOT and ITL by the factor
+    PREFILL = "prefill"  # prefill time per prompt token: TTFT
+    DRAFT = "draft"  # the drafting cost per draft token only
+
+
+@dataclass(frozen=True)
+class PerfChange:
+    id: str
+    metric: PerfMetric
+    factor: float
+    when: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    positions: tuple[int, ...] | None = None  # acceptance: these positions only (None: all)
+    from_position: int = 0  # acceptance: positions from this one on
+
+    def covers(self, position: int) -> bool:
+        return position >= self.from_position and (self.positions is None or position in self.positions)
+
+
+@dataclass(frozen=True)
+class Perf:
+    """The `perf:` section: the declared speeds and acceptance of this commit (see `perf`)."""
+
+    prefill_s_per_token: float = 0.0
+    decode_step_s: float = 0.0
+    draft_s_per_token: float = 0.0
+    batch_slowdown: float = 0.0
+    async_overlap: float = 0.0
+    attention_backends: dict[str, float] = field(default_factory=dict)
+    acceptance: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    start_cv: float = 0.0
+    request_cv: float = 0.0
+    changes: tuple[PerfChange, ...] = ()
+
+
 @dataclass(frozen=True)
 class Tree:
     version: str = LATEST_VERSION
@@ -121,6 +209,7 @@ class Tree:
     token_latency_s: float = 0.0
     bugs: tuple[Bug, ...] = ()
     source: str = "<built-in>"
+    perf: Perf | None = None  # None: `token_latency_s` per token, no performance model
 
     @property
     def install_ok(self) -> bool:
@@ -196,6 +285,7 @@ def parse(raw: Any, *, source: str = "<sim.yaml>") -> Tree:
         token_latency_s=_number(raw, "token_latency_s", source),
         bugs=bugs,
         source=source,
+        perf=_parse_perf(raw["perf"], source) if raw.get("perf") is not None else None,
     )
 
 
@@ -237,10 +327,128 @@ def _parse_bug(raw: Any, source: str, index: int) -> Bug:
     )
 
 
-def _number(raw: dict[str, Any], key: str, source: str) -> float:
+def _parse_perf(raw: Any, source: str) -> Perf:
+    # The names vLLM knows live with the configuration, which itself reads trees: imported here.
+    from vllmsim.config import ATTENTION_BACKENDS, SPEC_METHODS
+
+    if not isinstance(raw, dict):
+        raise TreeError(f"{source}: perf: expected a mapping")
+    _reject_unknown(raw, _PERF_KEYS, source, "perf.")
+    numbers = {
+        key: _number(raw, key, source, where=f"perf.{key}")
+        for key in ("prefill_s_per_token", "decode_step_s", "draft_s_per_token", "batch_slowdown")
+    }
+    fractions = {key: _fraction(raw, key, source) for key in ("async_overlap", "start_cv", "request_cv")}
+    backends_raw = raw.get("attention_backends") or {}
+    if not isinstance(backends_raw, dict):
+        raise TreeError(f"{source}: perf.attention_backends: expected a mapping of backend to factor")
+    backends: dict[str, float] = {}
+    for name, factor in backends_raw.items():
+        if str(name) not in ATTENTION_BACKENDS:
+            raise TreeError(
+                f"{source}: perf.attention_backends.{name}: not an attention backend; expected one of: "
+                f"{', '.join(ATTENTION_BACKENDS)}"
+            )
+        backends[str(name)] = _positive(factor, source, f"perf.attention_backends.{name}")
+    acceptance_raw = raw.get("acceptance") or {}
+    if not isinstance(acceptance_raw, dict):
+        raise TreeError(f"{source}: perf.acceptance: expected a mapping of spec method to a list")
+    acceptance: dict[str, tuple[float, ...]] = {}
+    for method, probs in acceptance_raw.items():
+        where = f"perf.acceptance.{method}"
+        if str(method) not in SPEC_METHODS:
+            raise TreeError(f"{source}: {where}: not a spec method; expected one of: {', '.join(SPEC_METHODS)}")
+        if not isinstance(probs, list) or not probs or not all(_is_probability(p) for p in probs):
+            raise TreeError(
+                f"{source}: {where}: expected a non-empty list of probabilities within [0, 1], got {probs!r}"
+            )
+        acceptance[str(method)] = tuple(float(p) for p in probs)
+    changes_raw = raw.get("changes") or []
+    if not isinstance(changes_raw, list):
+        raise TreeError(f"{source}: perf.changes: expected a list")
+    return Perf(
+        **numbers,
+        **fractions,
+        attention_backends=backends,
+        acceptance=acceptance,
+        changes=tuple(_parse_change(c, source, i) for i, c in enumerate(changes_raw)),
+    )
+
+
+def _parse_change(raw: Any, source: str, index: int) -> PerfChange:
+    where = f"perf.changes[{index}]"
+    if not isinstance(raw, dict):
+        raise TreeError(f"{source}: {where}: expected a mapping")
+    _reject_unknown(raw, _CHANGE_KEYS, source, where + ".")
+    try:
+        metric = PerfMetric(raw.get("metric"))
+    except ValueError:
+        valid = ", ".join(m.value for m in PerfMetric)
+        raise TreeError(f"{source}: {where}.metric: {raw.get('metric')!r} is not one of: {valid}") from None
+    if "factor" not in raw:
+        raise TreeError(f"{source}: {where}.factor: required (a positive number the metric is multiplied by)")
+    factor = _positive(raw["factor"], source, f"{where}.factor")
+    when_raw = raw.get("when") or {}
+    if not isinstance(when_raw, dict):
+        raise TreeError(f"{source}: {where}.when: expected a mapping")
+    _reject_unknown(when_raw, SERVER_KEYS, source, where + ".when.")
+    when = {k: tuple(v) if isinstance(v, list) else (v,) for k, v in when_raw.items()}
+    positions: tuple[int, ...] | None = None
+    from_position = 0
+    if ("positions" in raw or "from_position" in raw) and metric is not PerfMetric.ACCEPTANCE:
+        key = "positions" if "positions" in raw else "from_position"
+        raise TreeError(f"{source}: {where}.{key}: only an acceptance change has draft positions")
+    if "positions" in raw and "from_position" in raw:
+        raise TreeError(f"{source}: {where}.from_position: give positions or from_position, not both")
+    if "positions" in raw:
+        pos = raw["positions"]
+        if not isinstance(pos, list) or not pos or not all(_is_index(p) for p in pos):
+            raise TreeError(
+                f"{source}: {where}.positions: expected a non-empty list of 0-based draft positions, got {pos!r}"
+            )
+        positions = tuple(int(p) for p in pos)
+    if "from_position" in raw:
+        if not _is_index(raw["from_position"]):
+            raise TreeError(
+                f"{source}: {where}.from_position: expected a 0-based draft position, got {raw['from_position']!r}"
+            )
+        from_position = int(raw["from_position"])
+    return PerfChange(
+        id=str(raw.get("id", f"{metric.value}-{index}")),
+        metric=metric,
+        factor=factor,
+        when=when,
+        positions=positions,
+        from_position=from_position,
+    )
+
+
+def _is_probability(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0
+
+
+def _is_index(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _positive(value: Any, source: str, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
+        raise TreeError(f"{source}: {where}: expected a positive number, got {value!r}")
+    return float(value)
+
+
+def _fraction(raw: dict[str, Any], key: str, source: str) -> float:
     value = raw.get(key, 0.0)
-    if not isinstance(value, (int, float)) or value < 0:
-        raise TreeError(f"{source}: {key}: expected a non-negative number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        hint = f" (write {value / 100:g} for {value:g} %)" if isinstance(value, (int, float)) and value >= 1 else ""
+        raise TreeError(f"{source}: perf.{key}: expected a fraction within [0, 1), got {value!r}{hint}")
+    return float(value)
+
+
+def _number(raw: dict[str, Any], key: str, source: str, *, where: str | None = None) -> float:
+    value = raw.get(key, 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise TreeError(f"{source}: {where or key}: expected a non-negative number, got {value!r}")
     return float(value)
 
 
