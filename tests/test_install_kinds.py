@@ -103,3 +103,17 @@ def test_the_sim_kinds_histories_are_the_simulators_scenarios() -> None:
     offered = re.search(r"--scenario\s+<([a-z|]+)>", done.stdout)
     assert offered is not None, done.stdout
     assert tuple(offered.group(1).split("|")) == Sim.HISTORIES
+
+
+def test_a_sim_history_made_by_an_older_simulator_is_made_again(tmp_path: Path) -> None:
+    """A cached `sim:` history without this simulator's format stamp (one made before its histories
+    planted what they plant now) is replaced; a current one is reused as it is."""
+    old = tmp_path / "sim-bisect"
+    (old / ".git").mkdir(parents=True)
+    (old / ".git" / "made-by-an-older-simulator").write_text("")
+    made = Sim.make_history("sim:bisect", tmp_path)
+    assert made == old and not (made / ".git" / "made-by-an-older-simulator").exists()
+    assert (made / "sim.yaml").exists() and (made / ".git" / "sweep-history-format").read_text().strip()
+    (made / ".git" / "kept").write_text("")
+    assert (Sim.make_history("sim:bisect", tmp_path) / ".git" / "kept").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["sim-bisect"]

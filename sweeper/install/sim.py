@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import shutil
 import subprocess
 import sys
@@ -31,6 +32,10 @@ if TYPE_CHECKING:
 # The simulator's own interface: its executable, and the variable naming the tree it simulates.
 COMMAND = (sys.executable, "-m", "vllmsim")
 TREE_ENV = "SWEEP_SIM_TREE"
+
+# What the simulator plants in its `sim:` histories, as a version: a history cached by an older one is
+# made again (the demo gained its performance model and planted metric changes in "2").
+HISTORY_FORMAT = "2"
 
 
 class Sim(InstallKind):
@@ -77,6 +82,13 @@ class Sim(InstallKind):
         """`sim:<scenario>`: a simulated vLLM history made once by the simulator's own command line."""
         scenario = spec.split(":", 1)[1] or "demo"
         target = cache / f"sim-{scenario}"
+        stamp = target / ".git" / "sweep-history-format"
+        if (target / ".git").exists() and (not stamp.exists() or stamp.read_text().strip() != HISTORY_FORMAT):
+            # Made by an older simulator (without what its histories plant now): moved aside, made again.
+            aside = cache / f".stale-sim-{scenario}.{os.getpid()}"
+            with contextlib.suppress(OSError):
+                target.rename(aside)
+                shutil.rmtree(aside, ignore_errors=True)
         if not (target / ".git").exists():
             cache.mkdir(parents=True, exist_ok=True)
             # Made in a folder of its own and renamed into place: two runs starting together each
@@ -87,6 +99,7 @@ class Sim(InstallKind):
                                       capture_output=True, text=True, check=False)
                 if done.returncode != 0:
                     raise ConfigError(f"cannot make the simulated history {spec!r}: {done.stderr.strip()[-300:]}")
+                (work / "repo" / ".git" / "sweep-history-format").write_text(HISTORY_FORMAT + "\n")
                 with contextlib.suppress(OSError):  # another run was first
                     (work / "repo").rename(target)
             finally:
