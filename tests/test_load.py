@@ -9,8 +9,10 @@ first token counted, ITL per token instead of per chunk, warm-ups measured: each
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -26,7 +28,7 @@ import yaml
 
 from sweeper.execute import server_metrics
 from sweeper.execute.bench_phase import random_token_prompts
-from sweeper.execute.load import COMPLETIONS, Pace, Prompt, arrival_times, run_load_sync
+from sweeper.execute.load import COMPLETIONS, Pace, Prompt, arrival_times, run_load, run_load_sync
 from sweeper.execute.server import ServerProcess, free_port
 from sweeper.judge import serving
 
@@ -93,6 +95,60 @@ def test_random_prompts_are_seeded_and_in_the_vocabulary() -> None:
     assert all(len(p) == 50 and out == 10 for p, out in fixed)
 
 
+# --- the wire: what a server may do that the simulator does not ----------------------------------------
+
+def _events(n: int) -> bytes:
+    chunks = [b'data: {"choices": [{"index": 0, "text": "x"}]}\n\n'] * n
+    return b"".join(chunks) + b'data: {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": %d}}\n\n' \
+        b"data: [DONE]\n\n" % n
+
+
+def test_the_wire_takes_split_events_a_closed_keep_alive_and_a_body_read_to_its_end() -> None:
+    """Answers in turn: chunked with an event split across chunks (then the server closes the kept
+    connection, as an idle timeout would); chunked again on a new connection; `Connection: close`
+    with no length (read to the end)."""
+    served: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                break
+            length = int(re.search(rb"Content-Length: (\d+)", head).group(1))  # type: ignore[union-attr]
+            await reader.readexactly(length)
+            served.append(len(served))
+            body = _events(3)
+            if len(served) == 3:
+                writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + body)
+                await writer.drain()
+                break
+            cut = body.index(b"text") + 2
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for part in (body[:cut], body[cut:]):
+                writer.write(b"%x\r\n%s\r\n" % (len(part), part))
+                await writer.drain()
+                await asyncio.sleep(0.01)
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+            if len(served) == 1:
+                break  # close the kept connection: the next request finds it closed
+        writer.close()
+
+    async def run() -> Any:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            return await run_load(f"http://127.0.0.1:{port}", prompts(3, 4, 3), Pace(concurrency=1, timeout_s=5))
+
+    out = asyncio.run(run())
+    assert [r.ok for r in out.records] == [True, True, True], [r.error for r in out.records]
+    assert all(r.chunks == 3 and r.output_tokens == 3 and r.prompt_tokens == 4 for r in out.records)
+    # The first event, split, counts when its second half comes (10 ms later), not at its first byte.
+    assert (out.records[0].ttft or 0) >= 0.009 and len(out.records[0].itl) == 2
+    assert served == [0, 1, 2]
+
+
 # --- against a simulator with a known performance model ------------------------------------------
 
 def test_ttft_is_prefill_and_tpot_the_step_time(tmp_path: Path) -> None:
@@ -112,7 +168,9 @@ def test_ttft_is_prefill_and_tpot_the_step_time(tmp_path: Path) -> None:
     assert row["median_e2el_ms"] / 1000 == pytest.approx(prefill + 10 * STEP_S, abs=0.06)
     # Closed loop at concurrency 1: throughput is one request per E2EL (up to the gaps between them).
     assert row["request_throughput"] == pytest.approx(1000 / row["mean_e2el_ms"], rel=0.25)
-    assert row["max_concurrent_requests"] == 1
+    # Concurrency 1: each request is sent after the one before it finished.
+    spans = sorted((r.start, r.start + r.e2el) for r in out.records)
+    assert all(spans[i][1] <= spans[i + 1][0] for i in range(len(spans) - 1))
     for se in ("mean_ttft_ms_se", "mean_tpot_ms_se", "request_throughput_se", "output_throughput_se"):
         assert row[se] is not None and row[se] >= 0
 
@@ -148,12 +206,25 @@ def test_concurrency_is_a_limit_and_a_rate_paces_the_sends(tmp_path: Path) -> No
     with sim(tmp_path, {"perf": PERF}) as server:
         limited = run_load_sync(server.base_url, prompts(12, 10, 6), Pace(concurrency=3))
         paced = run_load_sync(server.base_url, prompts(10, 10, 2), Pace(concurrency=None, request_rate=20.0, seed=5))
-    assert serving.figures(limited.records, limited.duration, limited.t0)["max_concurrent_requests"] == 3
+    events = sorted([(r.start, 1) for r in limited.records] + [(r.start + r.e2el, -1) for r in limited.records])
+    assert int(np.cumsum([step for _, step in events]).max()) == 3  # in flight at once, at most the limit
     arrivals = arrival_times(10, 20.0, 1.0, seed=5)
     sent = [r.start - paced.t0 for r in paced.records]
     assert all(s >= a - 1e-3 for s, a in zip(sent, arrivals, strict=True))  # never before its arrival
     assert all(s - a < 0.1 for s, a in zip(sent, arrivals, strict=True))  # and not much after (no limit)
     assert paced.duration >= arrivals[-1]
+
+
+def test_an_error_answer_fails_its_request_and_the_phase_goes_on(tmp_path: Path) -> None:
+    good = prompts(3, 10, 2)
+    wrong = Prompt(COMPLETIONS, {**good[0].body, "model": "not-served"})
+    with sim(tmp_path, {"perf": PERF}) as server:
+        out = run_load_sync(server.base_url, [good[0], wrong, good[1], wrong, good[2]], Pace(concurrency=1))
+    assert [r.ok for r in out.records] == [True, False, True, False, True]
+    assert out.stopped is None
+    assert out.records[1].status == 404 and "does not exist" in (out.records[1].error or "")
+    reason = serving.judge_phase(out.records, stopped=out.stopped, alive=True, metrics_problem=None)
+    assert reason is not None and reason.startswith("2 of 5 requests failed: HTTP 404")
 
 
 def test_a_stalled_server_stops_the_phase_with_the_reason(tmp_path: Path) -> None:

@@ -1,7 +1,9 @@
 """The sweeper's own load generator: one load point against one server, timed as `vllm bench serve` times it.
 
 The same client for every commit under test (a benchmark client that changed with the commit would
-move the numbers itself). asyncio + httpx, streaming: `/v1/completions` as vLLM's default `openai`
+move the numbers itself). asyncio over a lean HTTP/1.1 client (`sweeper.execute.http_stream`: httpx's
+per-request cost made the client the bottleneck), keep-alive connections, one per request in flight,
+streaming: `/v1/completions` as vLLM's default `openai`
 backend sends it (`prompt` as token ids or text, `max_tokens`, `ignore_eos`, `min_tokens`,
 `stream_options: {include_usage: true}`), or `/v1/chat/completions` for a suite's own cases.
 
@@ -29,9 +31,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import numpy as np
 
+from sweeper.execute.http_stream import Connection, WireError
 from sweeper.execute.transport import tls
 
 COMPLETIONS = "/v1/completions"
@@ -102,76 +104,121 @@ def arrival_times(n: int, request_rate: float, burstiness: float, seed: int) -> 
     return [float(t) for t in times]
 
 
+class _Connections:
+    """A keep-alive connection per request in flight, taken and given back per request (as many as the
+    concurrency allows, opened when first needed)."""
+
+    def __init__(self, base_url: str, headers: Mapping[str, str]) -> None:
+        self.base_url, self.headers = base_url, dict(headers)
+        self.free: list[Connection] = []
+        self.made: list[Connection] = []
+
+    def take(self) -> Connection:
+        if self.free:
+            return self.free.pop()
+        conn = Connection(self.base_url, self.headers, tls())
+        self.made.append(conn)
+        return conn
+
+    def give(self, conn: Connection) -> None:
+        self.free.append(conn)
+
+    def close(self) -> None:
+        for conn in self.made:
+            conn.close()
+
+
 class _Stop(Exception):
     """The phase stops: the server stalled or is gone, or the deadline passed."""
 
 
-def _payload(prompt: Prompt) -> dict[str, Any]:
+def _payload(prompt: Prompt) -> bytes:
+    """The request body as sent: the prompt's fields, streaming with the usage event (JSON, made
+    before the phase so that no measured time goes into it)."""
     body = dict(prompt.body)
     body["stream"] = True
     body["stream_options"] = {"include_usage": True}
-    return body
+    return json.dumps(body).encode()
 
 
-async def _one(client: httpx.AsyncClient, url: str, payload: dict[str, Any], rec: RequestRecord,
-               timeout_s: float) -> None:
-    """Send one streaming request and time its server-sent events into `rec` (never raises for the
-    wire: a failure is `rec.error`)."""
+async def _one(conns: _Connections, path: str, payload: bytes, rec: RequestRecord, timeout_s: float) -> None:
+    """Send one streaming request and time its server-sent events into `rec`; a failure is
+    `rec.error` (a stall raises `_Stop` too: the phase ends)."""
+    conn = conns.take()
+    loop = asyncio.get_running_loop()
     st = time.perf_counter()
     rec.start = st
+    try:
+        async with asyncio.timeout(None) as limit:
+
+            def arm() -> None:
+                limit.reschedule(loop.time() + timeout_s)
+
+            await _exchange(conn, path, payload, rec, arm)
+    except TimeoutError:
+        conn.close()
+        rec.error = f"stalled: nothing for {timeout_s:g}s (the request timeout) after " \
+                    f"{time.perf_counter() - st:.1f}s"
+        raise _Stop(rec.error) from None
+    except (WireError, OSError) as exc:
+        conn.close()
+        rec.error = f"{type(exc).__name__}: {exc}"[:ERROR_CHARS]
+    except ValueError as exc:  # an event that is not JSON
+        conn.close()
+        rec.error = f"bad event: {exc}"[:ERROR_CHARS]
+    finally:
+        conns.give(conn)
+
+
+async def _exchange(conn: Connection, path: str, payload: bytes, rec: RequestRecord, arm: Callable[[], None]) -> None:
+    st = rec.start
     last = st
     first = True
     buffer = b""
     loads = json.loads
-    try:
-        async with client.stream("POST", url, json=payload, timeout=timeout_s) as response:
-            rec.status = response.status_code
-            if response.status_code != 200:
-                body = await response.aread()
-                rec.error = f"HTTP {response.status_code}: {body[:ERROR_CHARS].decode(errors='replace')}"
+    status, headers = await conn.post(path, payload, arm)
+    rec.status = status
+    if status != 200:
+        body = await conn.read_all(headers, arm)
+        rec.error = f"HTTP {status}: {body[:ERROR_CHARS].decode(errors='replace')}"
+        return
+    async for data in conn.body(headers, arm):
+        buffer += data
+        start = 0
+        while True:
+            end = buffer.find(b"\n\n", start)
+            if end < 0:
+                break
+            event = buffer[start:end].strip()
+            start = end + 2
+            if not event.startswith(b"data:"):
+                continue  # a comment (`: ping`) or an empty event
+            text = event[5:].strip()
+            if text == b"[DONE]":
+                continue
+            message = loads(text)
+            if message.get("choices"):
+                now = time.perf_counter()
+                if first:
+                    rec.ttft = now - st
+                    first = False
+                else:
+                    rec.itl.append(now - last)
+                last = now
+                rec.chunks += 1
+            elif usage := message.get("usage"):
+                rec.output_tokens = usage.get("completion_tokens")
+                rec.prompt_tokens = usage.get("prompt_tokens")
+            elif error := message.get("error"):
+                rec.error = f"error event: {str(error)[:ERROR_CHARS]}"
+                conn.close()
                 return
-            async for data in response.aiter_raw():
-                buffer += data
-                while True:
-                    end = buffer.find(b"\n\n")
-                    if end < 0:
-                        break
-                    event, buffer = buffer[:end], buffer[end + 2:]
-                    event = event.strip()
-                    if not event.startswith(b"data:"):
-                        continue  # a comment (`: ping`) or an empty event
-                    text = event[5:].strip()
-                    if text == b"[DONE]":
-                        continue
-                    message = loads(text)
-                    if message.get("choices"):
-                        now = time.perf_counter()
-                        if first:
-                            rec.ttft = now - st
-                            first = False
-                        else:
-                            rec.itl.append(now - last)
-                        last = now
-                        rec.chunks += 1
-                    elif usage := message.get("usage"):
-                        rec.output_tokens = usage.get("completion_tokens")
-                        rec.prompt_tokens = usage.get("prompt_tokens")
-                    elif error := message.get("error"):
-                        rec.error = f"error event: {str(error)[:ERROR_CHARS]}"
-                        return
-        if first:
-            rec.error = "no chunk with a choice came (no first token)"
-            return
-        rec.e2el = last - st
-        rec.ok = True
-    except httpx.TimeoutException as exc:
-        rec.error = f"stalled: {type(exc).__name__} after {time.perf_counter() - st:.1f}s (request timeout " \
-                    f"{timeout_s:g}s)"
-        raise _Stop(rec.error) from None
-    except (httpx.HTTPError, OSError) as exc:
-        rec.error = f"{type(exc).__name__}: {exc}"[:ERROR_CHARS]
-    except ValueError as exc:  # an event that is not JSON
-        rec.error = f"bad event: {exc}"[:ERROR_CHARS]
+        buffer = buffer[start:]
+    if first:
+        rec.error = "no chunk with a choice came (no first token)"
+        return
+    rec.e2el = last - st
+    rec.ok = True
 
 
 @dataclass(frozen=True)
@@ -196,13 +243,12 @@ async def run_load(base_url: str, prompts: Sequence[Prompt], pace: Pace, *, api_
     `deadline` is a `time.monotonic()` value."""
     concurrency, num_warmups, timeout_s = pace.concurrency, pace.num_warmups, pace.timeout_s
     limit = concurrency or max(1, len(prompts))
-    limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     semaphore = asyncio.Semaphore(limit)
     stopped: list[str] = []
     records = [RequestRecord(i) for i in range(len(prompts))]
-    async with httpx.AsyncClient(base_url=base_url, limits=limits, headers=headers, verify=tls(),
-                                 timeout=httpx.Timeout(timeout_s)) as client:
+    client = _Connections(base_url, headers)
+    try:
         warm_failed = 0
         if num_warmups and prompts:
             payload = _payload(prompts[0])
@@ -257,6 +303,8 @@ async def run_load(base_url: str, prompts: Sequence[Prompt], pace: Pace, *, api_
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         duration = time.perf_counter() - t0
+    finally:
+        client.close()
     for rec in records:
         if not rec.ok and rec.error is None:
             rec.error = f"not finished: the phase stopped ({stopped[0]})" if stopped else "not finished"
