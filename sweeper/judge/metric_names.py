@@ -107,7 +107,8 @@ COUNTS: Mapping[str, MetricName] = {
     "total_output_tokens": MetricName("total_output_tokens", True, "tokens",
                                       "output tokens of completed requests (from usage)"),
     "max_concurrent_requests": MetricName("max_concurrent_requests", True, "requests",
-                                          "the most requests in flight at once"),
+                                          "the most requests active within one whole second from the "
+                                          "first send (vLLM's per-second count)"),
     "spec_decode_num_drafts": MetricName("spec_decode_num_drafts", True, "drafts",
                                          "drafts proposed over the load point (/metrics delta)"),
     "spec_decode_draft_tokens": MetricName("spec_decode_draft_tokens", True, "tokens",

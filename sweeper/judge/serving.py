@@ -116,23 +116,22 @@ def figures(requests: Sequence[Record], duration: float, t0: float | None = None
 
 def _peaks(ok: Sequence[Record]) -> dict[str, Any]:
     """vLLM's `max_output_tokens_per_s` (chunks per whole second from the first send) and
-    `max_concurrent_requests` (the most requests in flight, half-open intervals)."""
+    `max_concurrent_requests` (the most requests active at some time in one whole second from the
+    first send: vLLM's per-second count, which exceeds the requests in flight at once when they are
+    shorter than a second)."""
     if not ok:
         return {"max_output_tokens_per_s": None, "max_concurrent_requests": None}
     first = min(r.start for r in ok)
     last = max(r.start + (r.e2el or 0.0) for r in ok)
     buckets = np.zeros(math.ceil(last - first) + 1)
+    active = np.zeros(len(buckets))
     for r in ok:
         for t in _chunk_times(r):
             second = int(t - first)
             if 0 <= second < len(buckets):
                 buckets[second] += 1
-    events = sorted([(r.start, 1) for r in ok] + [(r.start + (r.e2el or 0.0), -1) for r in ok])
-    current = peak = 0
-    for _, step in events:
-        current += step
-        peak = max(peak, current)
-    return {"max_output_tokens_per_s": float(buckets.max()), "max_concurrent_requests": peak}
+        active[int(r.start - first):int(r.start + (r.e2el or 0.0) - first) + 1] += 1
+    return {"max_output_tokens_per_s": float(buckets.max()), "max_concurrent_requests": int(active.max())}
 
 
 def _throughput_se(ok: Sequence[Record], outs: Sequence[int], duration: float, t0: float) -> dict[str, Any]:
