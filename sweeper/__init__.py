@@ -64,11 +64,20 @@ def bisect(good: str, bad: str, *, matrix: str | Path | None = None, where: Sequ
            address: str | None = None, gpus: float | None = None, **options: Any) -> Run:
     """Find every change between `good` and `bad` (`sweep bisect`): of the cell of `matrix` that
     `where` picks, or of every cell of the sweep `from_run` (default: the latest sweep) that fails
-    differently at bad. `options` are `BisectOptions`' fields (`parallel`, `budget_h`, ...)."""
+    differently at bad. `options` are `BisectOptions`' fields (`parallel`, `budget_h`, ...).
+    With `metric` (`sweep bisect --metric`): every change of that serving metric larger than
+    `min_effect` (a fraction, default 0.03) at `load_point`; `options` are `MetricBisectOptions`' fields."""
     from sweeper.drivers.bisect import BisectOptions, BisectScope, run_bisect
     from sweeper.reports.run import Run
 
     scope = BisectScope(good, bad, Path(matrix) if matrix is not None else None, from_run, tuple(where))
+    metric = options.pop("metric", None)
+    if metric is not None:
+        from sweeper.drivers.metric_bisect import MetricBisectOptions, run_metric_bisect
+
+        done = run_metric_bisect(scope, MetricBisectOptions(metric=metric, runs_dir=runs_dir, **options),
+                                 executor=_executor(executor, address, gpus))
+        return Run(done.run)
     outcome = run_bisect(scope, BisectOptions(runs_dir=runs_dir, **options),
                          executor=_executor(executor, address, gpus))
     return Run(outcome.run)

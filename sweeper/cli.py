@@ -19,6 +19,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from sweeper.errors import Interrupted, SweepError, one_line
 
 if TYPE_CHECKING:
+    from sweeper.drivers.bisect import BisectScope
+    from sweeper.drivers.metric_bisect import MetricBisectOptions
+    from sweeper.execute.executor import ExecutorFactory
     from sweeper.plan.sweep_plan import Plan
 
 app = typer.Typer(
@@ -473,6 +476,13 @@ def bisect_cmd(
     cache_dir: Annotated[Path | None, typer.Option(help="Per-commit environment cache.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the verdict as JSON (bisect.json; schema: runs/README.md) "
                                                           "instead of text; progress stays on stderr.")] = False,
+    metric: Annotated[str | None, typer.Option("--metric", help="Bisect a serving metric of the matrix's bench: (e.g. "
+                                                                "mean_tpot_ms) instead of failures: every change larger "
+                                                                "than --min-effect, with its size (docs/bisect.md).")] = None,
+    load_point: Annotated[str | None, typer.Option("--load-point", help="With --metric: the bench's load point "
+                                                                        "(e.g. concurrency=8); required when it has several.")] = None,
+    min_effect: Annotated[str | None, typer.Option("--min-effect", help="With --metric: a smaller change is no "
+                                                                        "change (a percentage, default 3%).")] = None,
 ) -> None:
     """Find every change in the range: each failure mode's regressions and fixes, even when only some requests fail.
 
@@ -482,6 +492,7 @@ def bisect_cmd(
     Example: sweep bisect --good v0.27 --bad main --matrix matrices/demo.yaml --where spec_method=mtp --where env.VLLM_USE_V2_MODEL_RUNNER=1
     """
     from sweeper.drivers import bisect as driver
+    from sweeper.drivers import metric_bisect as metric_driver
     from sweeper.errors import ConfigError
     from sweeper.execute.choice import choose
     from sweeper.reports import bisect as report
@@ -490,6 +501,15 @@ def bisect_cmd(
                                repo=repo)
     if budget is not None and not (0 < budget < float("inf")):
         raise ConfigError(f"expected a number of GPU-hours above 0, got {budget:g}", key="--budget")
+    metric_options = metric_driver.options_from_flags(
+        metric=metric, load_point=load_point, min_effect=min_effect, resume=resume, runs_dir=runs_dir,
+        failure_only=[f for f, given in (("--max-samples", max_samples is not None), ("--widen", widen),
+                                         ("--bumps", bumps is not None)) if given],
+        confidence=confidence, parallel=parallel, budget_h=budget, expected_changes=expect_changes,
+        cache_dir=cache_dir, run_id=run_id)
+    if metric_options is not None:
+        _metric_bisect(scope, metric_options, choose(executor, address=address, gpus=gpus), as_json=as_json)
+        return
     options = driver.BisectOptions(confidence=confidence, max_samples=max_samples, parallel=parallel, widen=widen,
                                    cache_dir=cache_dir, runs_dir=runs_dir, run_id=run_id, resume=resume,
                                    budget_h=budget, **driver.search_choices(bumps, expect_changes))
@@ -499,6 +519,27 @@ def bisect_cmd(
     except Interrupted as exc:
         raise exc.with_resume(resume_command("bisect", "--good", good, "--bad", bad, runs_dir=runs_dir,
                                              run_id=exc.run_id)) from None
+    if as_json:
+        sys.stdout.write(json.dumps(outcome.summary, indent=2, allow_nan=False) + "\n")
+        return
+    out.print(report.render(outcome.summary), markup=False, highlight=False)
+    out.print(f"results: {outcome.run.uri}")
+
+
+def _metric_bisect(scope: BisectScope, options: MetricBisectOptions, executor: ExecutorFactory, *,
+                   as_json: bool) -> None:
+    """`sweep bisect --metric`: run it, print its verdict."""
+    from sweeper.drivers.metric_bisect import run_metric_bisect
+    from sweeper.reports import metric_bisect as report
+
+    try:
+        outcome = run_metric_bisect(scope, options, executor=executor,
+                                    on_event=lambda line: err.print(line, markup=False, highlight=False))
+    except Interrupted as exc:
+        question = [a for flag, v in (("--metric", options.metric), ("--load-point", options.load_point)) if v
+                    for a in (flag, v)]
+        raise exc.with_resume(resume_command("bisect", "--good", scope.good, "--bad", scope.bad, *question,
+                                             runs_dir=options.runs_dir, run_id=exc.run_id)) from None
     if as_json:
         sys.stdout.write(json.dumps(outcome.summary, indent=2, allow_nan=False) + "\n")
         return
