@@ -24,6 +24,8 @@ from sweeper.reports.bisect import render as render_bisect
 from sweeper.reports.bug import issue_markdown
 from sweeper.reports.explain_json import to_json as explanation_json
 from sweeper.reports.explain_text import render as render_explanation
+from sweeper.reports.metric_bisect import is_metric_bisect
+from sweeper.reports.metric_bisect import render as render_metric_bisect
 from sweeper.reports.metrics import report_cli
 from sweeper.store import frames as analysis
 from sweeper.store.manifest import BisectManifest, Manifest
@@ -117,7 +119,9 @@ def _bisect(run: RunDir, manifest: BisectManifest, o: ReportOptions, to: Channel
         # bisect.json as stored: the same object `sweep bisect --json` printed.
         to.raw(json.dumps(summary, indent=2, allow_nan=False) + "\n")
     else:
-        to.out.print(render_bisect(summary), markup=False, highlight=False)
+        # bisect.json's schema says which bisect wrote it: a metric's verdict has its own words.
+        render = render_metric_bisect if is_metric_bisect(summary) else render_bisect
+        to.out.print(render(summary), markup=False, highlight=False)
     if not summary.get("final"):
         to.note(f"bisect run {run.run_id} is unfinished: this is its state after round {summary.get('rounds')}")
 
