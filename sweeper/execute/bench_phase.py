@@ -11,6 +11,7 @@ number, and never at the cost of the cell's other results.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -67,6 +68,8 @@ class Target:
     timeout_s: float
     alive: Callable[[], bool]
     deadline: float | None = None
+    # The model's folder when it is one (the matrix's `model`): random token ids stay inside its tokenizer.
+    model_dir: str | None = None
 
 
 @dataclass
@@ -128,9 +131,12 @@ def _as_text(ids: Sequence[int]) -> str:
     return " ".join(_WORDS[t % len(_WORDS)] for t in ids)
 
 
-def prompts_for(bench: BenchSpec, cell: Cell, *, model: str, suite: Suite | None) -> list[Prompt]:
+def prompts_for(bench: BenchSpec, cell: Cell, *, model: str, suite: Suite | None,
+                model_dir: str | None = None) -> list[Prompt]:
     """The `num_prompts` requests of one cell's load point: the cell's request fields over the
-    dataset's bodies (the same prompts for every start and load point: the seed decides them)."""
+    dataset's bodies (the same prompts for every start and load point: the seed decides them).
+    `model` is the name requests carry; `model_dir` the folder whose tokenizer bounds random ids
+    (default: `model`, when it names a folder)."""
     endpoint = CHAT if bench.effective_endpoint == "chat" else COMPLETIONS
     fixed: dict[str, Any] = {"temperature": bench.temperature}
     if bench.dataset == "suite":
@@ -149,7 +155,7 @@ def prompts_for(bench: BenchSpec, cell: Cell, *, model: str, suite: Suite | None
             prompt: Any = line.prompt if isinstance(line.prompt, str) else list(line.prompt)
             bodies.append((_body(endpoint, model, prompt, out), None if isinstance(prompt, str) else len(prompt), out))
     else:
-        vocab, excluded = token_space(model, bench.vocab_size)
+        vocab, excluded = token_space(model_dir or model, bench.vocab_size)
         made = random_token_prompts(bench.num_prompts, input_len=bench.effective_input_len or 1,
                                     output_len=bench.effective_output_len or 1, range_ratio=bench.range_ratio,
                                     vocab=vocab, excluded=excluded, seed=bench.seed)
@@ -211,7 +217,7 @@ def run_start(bench: BenchSpec, cells: Sequence[Cell], info: StartInfo, target: 
     rows = []
     for cell in cells:
         try:
-            prompts = prompts_for(bench, cell, model=target.model, suite=target.suite)
+            prompts = prompts_for(bench, cell, model=target.model, suite=target.suite, model_dir=target.model_dir)
         except ValueError as exc:
             rows += invalid_rows(bench, [cell], info, f"no prompts: {exc}")
             continue
@@ -295,8 +301,7 @@ def run_more_starts(bench: BenchSpec, cells: Sequence[Cell], server: Any, target
                 out.start_s += server.startup_s or 0.0
                 info = StartInfo(start, server.startup_s, common, version)
                 t_load = time.monotonic()
-                here = Target(server.base_url, target.api_key, target.model, target.suite, target.timeout_s,
-                              server.alive, target.deadline)
+                here = dataclasses.replace(target, base_url=server.base_url, alive=server.alive)
                 out.rows += run_start(bench, cells, info, here)
                 out.seconds += time.monotonic() - t_load
         except ServerError as exc:
