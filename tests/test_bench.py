@@ -289,6 +289,23 @@ def test_acceptance_length_is_exactly_the_metrics_delta(tmp_path: Path) -> None:
     assert len(row["spec_decode_per_position_acceptance_rates"]) == 3
 
 
+def test_a_stall_ends_the_start_and_its_other_load_points_are_not_run(tmp_path: Path) -> None:
+    from test_load import sim
+
+    hang = {"perf": PERF, "bugs": [{"id": "hang", "effect": "hang", "when": {"stream": True}, "rate": 1.0}]}
+    bench = make_plan(bench_matrix(tmp_path, [("good", {})], {**BENCH, "num_warmups": 0, "starts": 1}),
+                      tmp_path / "runs").matrix.spec.bench
+    assert bench is not None
+    cell = SimpleNamespace(request={}, spec_method="none", cell_id="c")
+    with sim(tmp_path, hang) as server:
+        target = bench_phase.Target(server.base_url, "", "m", None, 1.0, server.alive)
+        rows = bench_phase.run_start(bench, [cell], bench_phase.StartInfo(0, None, lambda _: {}), target)  # type: ignore[list-item]
+    assert [r["load_point"] for r in rows] == ["concurrency=1", "concurrency=4"]
+    assert rows[0]["invalid_reason"].startswith("the load phase stopped early: stalled")
+    assert rows[1]["invalid_reason"] == "not run: the server stalled at concurrency=1 of c"
+    assert not any(r["valid"] for r in rows)
+
+
 def test_a_start_whose_server_dies_in_its_load_phase_is_invalid_and_the_samples_are_kept(tmp_path: Path) -> None:
     # The engine dies on the 4th streamed request: the replay (not streamed) is untouched, every
     # start's load phase crashes.

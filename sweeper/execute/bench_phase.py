@@ -213,8 +213,11 @@ def _invalid_row(bench: BenchSpec, cell: Cell, point: LoadPoint, info: StartInfo
 
 
 def run_start(bench: BenchSpec, cells: Sequence[Cell], info: StartInfo, target: Target) -> list[dict[str, Any]]:
-    """Every load point of every cell on one healthy server start, in that order."""
-    rows = []
+    """Every load point of every cell on one healthy server start, in that order. After a load point
+    whose server stalled, the start's other load points are not run (its stuck requests hold the
+    server: each would wait out the timeout too): their rows say so."""
+    rows: list[dict[str, Any]] = []
+    stalled: str | None = None
     for cell in cells:
         try:
             prompts = prompts_for(bench, cell, model=target.model, suite=target.suite, model_dir=target.model_dir)
@@ -222,11 +225,17 @@ def run_start(bench: BenchSpec, cells: Sequence[Cell], info: StartInfo, target: 
             rows += invalid_rows(bench, [cell], info, f"no prompts: {exc}")
             continue
         for point in bench.points():
-            if not target.alive():
-                rows.append(_invalid_row(bench, cell, point, info, "the server was gone before this load point"))
+            if stalled is not None or not target.alive():
+                why = stalled or "the server was gone before this load point"
+                rows.append(_invalid_row(bench, cell, point, info, why))
                 continue
             rows.append(_point(bench, cell, point, prompts, info, target))
+            if str(rows[-1]["invalid_reason"] or "").startswith(STALLED):
+                stalled = f"not run: the server stalled at {point.point_id} of {cell.cell_id}"
     return rows
+
+
+STALLED = "the load phase stopped early: stalled"
 
 
 def _point(bench: BenchSpec, cell: Cell, point: LoadPoint, prompts: Sequence[Prompt], info: StartInfo,
