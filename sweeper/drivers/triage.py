@@ -44,6 +44,7 @@ from sweeper.judge.explain import ModeExplanation
 from sweeper.plan.budget import Ledger
 from sweeper.plan.sweep_plan import Plan
 from sweeper.reports import triage as triage_report
+from sweeper.reports.expectations import cells_with_expectations
 from sweeper.reports.tables import is_failing
 from sweeper.spec.matrix import Cell, DesignSpec, ServerGroup
 from sweeper.spec.matrix_slice import Slice
@@ -401,7 +402,8 @@ def _flow(t: Triage) -> TriageOutcome:
     bad_run = t.sweep("bad", Slice(commit=t.bad_ref), t.design)
     if bad_run is None:
         return _finish(t, [], None, None)
-    bad_cells = analysis.load_cells(bad_run)
+    # A cell with a start outside an `expect:` bound fails like one with failed requests.
+    bad_cells = cells_with_expectations(bad_run, analysis.load_cells(bad_run))
     failing = {str(r["settings_key"]) for r in bad_cells.to_dict("records") if is_failing(r)}
     if not failing:
         t.say(f"bad: nothing fails at {t.bad_ref}; nothing to triage")

@@ -23,6 +23,7 @@ direction fails. The baseline's own starts are not judged by it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -32,11 +33,14 @@ import pandas as pd
 
 from sweeper.judge import metric_starts as ms
 from sweeper.judge.axis_levels import COMMIT
-from sweeper.spec.expect import Expectation
+from sweeper.judge.explain import Explanation
+from sweeper.spec.expect import MODE_PREFIX, Expectation
 
 EVIDENCE_COLUMNS = ("run_id", "group_id", "cell_id", "commit", "commit_sha", "axes", "case_id", "repeat",
                     "request_id", "passed", "failed_checks", "check_details", "metric", "value", "bound",
                     "load_point", "start")
+# The part of an evidence row shaped like a samples row: what a reader appends to its samples.
+SAMPLE_COLUMNS = EVIDENCE_COLUMNS[:EVIDENCE_COLUMNS.index("check_details") + 1]
 
 
 def case_of(e: Expectation, load_point: str) -> str:
@@ -110,3 +114,27 @@ def failures(evidence_rows: pd.DataFrame) -> dict[str, dict[str, tuple[int, int]
         k, n = cell.get(str(r["bound"]), (0, 0))
         cell[str(r["bound"])] = (k + (not r["passed"]), n + 1)
     return out
+
+
+# What an expect mode counts: each evidence row is one server start at one load point judged by one
+# bound, not a request; explain and the reports say so (`with_unit`).
+UNIT = "server starts × load points"
+
+
+def is_expect_mode(mode: str) -> bool:
+    """Whether a failure mode is an `expect:` bound's (its name is the bound: `Expectation.mode`)."""
+    return mode.startswith(MODE_PREFIX)
+
+
+def is_evidence(samples: pd.DataFrame) -> pd.Series:
+    """Which rows of a samples table are expectation evidence (their case is a bound at a load point)."""
+    if samples.empty or "case_id" not in samples.columns:
+        return pd.Series(False, index=samples.index, dtype=bool)
+    return samples["case_id"].astype(str).str.startswith(MODE_PREFIX)
+
+
+def with_unit(explanation: Explanation) -> Explanation:
+    """`explanation` with each expect mode counted in what it is made of (`UNIT`), not in samples."""
+    modes = tuple(dataclasses.replace(m, unit=UNIT) if is_expect_mode(m.mode) and m.unit == "samples" else m
+                  for m in explanation.modes)
+    return dataclasses.replace(explanation, modes=modes)

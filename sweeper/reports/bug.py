@@ -4,6 +4,10 @@ The "Your current environment" block is built from the failing cell's fingerprin
 bug" holds the minimal failing configuration (`sweeper.judge.explain`), the `vllm serve` command line and
 environment of a failing cell, one failing request as a runnable `curl` command with what came back,
 the passing neighbours, and the culprit commit when a bisect under the same runs folder found one.
+A mode of an `expect:` bound (a serving metric outside it) has no failing request: its report shows the
+metric in the failing cell, in the same settings at other commits (before → after) and in its
+neighbours, each as a mean with its 95 % interval over server starts, and the `vllm bench serve`
+command that reproduces the load point, built from the bench spec stored in the run's manifest.
 
 Secrets never reach the text: the sweeper's own API key is never stored, settings whose names look
 secret (`*TOKEN*`, `*KEY*`, `*SECRET*`, `*PASSWORD*`, ...) are shown as `<redacted>`, and their
@@ -23,6 +27,8 @@ from typing import Any
 import pandas as pd
 
 from sweeper.errors import SweepError
+from sweeper.judge import metric_starts as ms
+from sweeper.judge.expectations import is_expect_mode
 from sweeper.judge.explain import TEST as TEST_NAME
 from sweeper.judge.explain import (
     Classified,
@@ -33,9 +39,13 @@ from sweeper.judge.explain import (
     display_axis,
     value_text,
 )
+from sweeper.judge.metric_names import METRICS
 from sweeper.judge.stats import wilson
+from sweeper.reports.expectations import expectation_evidence, with_expectations
+from sweeper.spec.bench import INF, BenchSpec, JsonlDataset
 from sweeper.store import frames as analysis
 from sweeper.store.manifest import Manifest
+from sweeper.store.metrics_table import read_metrics
 from sweeper.store.run_folder import RunDir, open_run
 
 REDACTED = "<redacted>"
@@ -254,7 +264,8 @@ def issue_markdown(run: RunDir, *, mode: str | None = None, runs_dir: str | Path
 
     manifest = run.read_manifest()
     if samples is None or cells is None:
-        samples, cells = analysis.load_samples(run), analysis.load_cells(run)
+        # The run's `expect:` judgements are failures like the requests' (`sweeper.judge.expectations`).
+        samples, cells = with_expectations(run, analysis.load_samples(run)), analysis.load_cells(run)
     suite = report.run_suite(run)
     if explanation is None:
         explanation = report.explain_run(run, samples, cells)
@@ -265,6 +276,8 @@ def issue_markdown(run: RunDir, *, mode: str | None = None, runs_dir: str | Path
     cell = cells[cells["cell_id"] == cell_id].iloc[0].to_dict() if (cells["cell_id"] == cell_id).any() else {}
     if m.unit == SERVER_STARTS:
         return _server_issue(ctx, m, cell_id, cell, runs_dir)
+    if is_expect_mode(m.mode):
+        return _expect_issue(ctx, m, cell_id, cell, runs_dir, sections, footer)
     hit = [(i, r) for i, r in enumerate(ctx.samples.to_dict("records"))
            if r["cell_id"] == cell_id and ctx.classified.mode[i] == m.mode]
     # A first repeat replays alone on a fresh server: the likeliest to fail again the same way.
@@ -432,3 +445,186 @@ def _culprits(runs_dir: str | Path, m: ModeExplanation) -> list[str]:
                    f"{after.get('failures')}/{after.get('samples')} failing, confidence "
                    f"{'> 99.99' if sure > 0.9999 else f'{100 * sure:.2f}'} % (bisect run `{ch['run_id']}`, {ch.get('cell_label')})")
     return out
+
+
+# ---- a serving metric outside an `expect:` bound -------------------------------------------------
+
+BASE_URL = "http://127.0.0.1:8000"  # where `serve_command`'s server listens
+
+
+def bench_command(bench: BenchSpec | None, row: Mapping[str, Any], model: str, served: str | None,
+                  base_url: str = BASE_URL) -> list[str] | None:
+    """`vllm bench serve` argv that sends the load point of this metrics row as the sweeper did: the
+    dataset and its lengths, the prompt count, warm-ups, concurrency or rate, seed and temperature,
+    from the `bench:` section stored in the manifest (the row's own columns where it has none). None
+    for a suite dataset: `vllm bench serve` cannot send a suite's chat cases."""
+    def pick(name: str, default: Any = None) -> Any:
+        value = getattr(bench, name, None) if bench is not None else None
+        if value is None:
+            value = row.get(name)
+        return default if value is None or (isinstance(value, float) and pd.isna(value)) else value
+
+    dataset = bench.dataset_name if bench is not None else str(row.get("dataset") or "random")
+    if dataset == "suite":
+        return None
+    endpoint = bench.effective_endpoint if bench is not None else str(row.get("endpoint") or "completions")
+    argv = ["vllm", "bench", "serve", "--backend", "openai-chat" if endpoint == "chat" else "openai",
+            "--base-url", base_url, "--endpoint", "/v1/chat/completions" if endpoint == "chat" else "/v1/completions",
+            "--model", model]
+    if served and served != model:
+        argv += ["--served-model-name", served]
+    output_len = (bench.effective_output_len if bench is not None else None) or pick("output_len")
+    if dataset == "random":
+        input_len = (bench.effective_input_len if bench is not None else None) or pick("input_len")
+        argv += ["--dataset-name", "random", "--random-input-len", str(int(input_len)),
+                 "--random-output-len", str(int(output_len))]
+        if float(pick("range_ratio", 0.0)):
+            argv += ["--random-range-ratio", f"{float(pick('range_ratio')):g}"]
+    else:
+        path = bench.dataset.jsonl if bench is not None and isinstance(bench.dataset, JsonlDataset) \
+            else dataset.removeprefix("jsonl:")
+        argv += ["--dataset-name", "custom", "--dataset-path", path]
+        if output_len:
+            argv += ["--custom-output-len", str(int(output_len))]
+    argv += ["--num-prompts", str(int(pick("num_prompts", 100)))]
+    if int(pick("num_warmups", 0)):
+        argv += ["--num-warmups", str(int(pick("num_warmups")))]
+    # The load point from the row itself: it names the one that broke the bound.
+    concurrency, rate = row.get("concurrency"), ms.number(row.get("request_rate"))
+    if concurrency is not None and not pd.isna(concurrency):
+        argv += ["--max-concurrency", str(int(concurrency))]
+    if rate is not None and rate != INF:
+        argv += ["--request-rate", f"{rate:g}"]
+        if float(pick("burstiness", 1.0)) != 1.0:
+            argv += ["--burstiness", f"{float(pick('burstiness')):g}"]
+    elif concurrency is None or pd.isna(concurrency):
+        argv += ["--request-rate", "inf"]
+    # Every request generates exactly output_len tokens, as the sweeper's did.
+    argv += ["--ignore-eos", "--seed", str(int(pick("seed", 0))), "--temperature", f"{float(pick('temperature', 0.0)):g}"]
+    return argv
+
+
+def _bench_spec(manifest: Manifest) -> BenchSpec | None:
+    """The `bench:` section as the run stored it (a JSONL dataset by its file name: its prompts are read
+    by the loader, and `vllm bench serve` reads the file itself)."""
+    raw = manifest.matrix.get("bench")
+    if not isinstance(raw, Mapping):
+        return None
+    try:
+        return BenchSpec.model_validate(dict(raw))
+    except ValueError:
+        return None
+
+
+def _run_metrics(ctx: _Context) -> pd.DataFrame:
+    """The metrics of every run these samples came from (a triage's: the good and the bad sweep)."""
+    ids = [ctx.run.run_id, *(str(x) for x in ctx.samples.get("run_id", pd.Series(dtype=object)).dropna().unique())]
+    frames = []
+    for run_id in dict.fromkeys(ids):
+        other = sample_run(ctx.run, {"run_id": run_id})
+        if other.run_id == run_id:
+            found = read_metrics(other)
+            if not found.empty:
+                frames.append(found)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _interval(rows: Sequence[Mapping[str, Any]], metric: str) -> str:
+    fig = ms.figure(rows, metric, METRICS[metric].se).mean_interval()
+    if fig is None:
+        return "—"
+    mean, low, high = fig
+    if not (pd.notna(low) and abs(low) != float("inf")):
+        return f"{mean:.4g} (one start)"
+    return f"{mean:.4g} [{low:.4g}, {high:.4g}]"
+
+
+def _expect_issue(ctx: _Context, m: ModeExplanation, cell_id: str, cell: Mapping[str, Any],  # noqa: PLR0917
+                  runs_dir: str | Path | None, sections: Sequence[str] | None, footer: str | None) -> str:
+    """The bug report for a serving metric outside an `expect:` bound (see the module docstring)."""
+    r = ctx.redact
+    metrics = _run_metrics(ctx)
+    found = pd.concat([expectation_evidence(sample_run(ctx.run, {"run_id": i}), metrics[metrics["run_id"] == i])
+                       for i in metrics["run_id"].astype(str).unique()], ignore_index=True) \
+        if not metrics.empty else pd.DataFrame()
+    mine = found[found["bound"].astype(str) == m.mode] if not found.empty else found
+    if mine.empty:
+        raise SweepError(f"mode {m.mode!r}: the run's metrics no longer hold the starts that broke it")
+    metric = str(mine["metric"].iloc[0])
+    broke = mine[(mine["cell_id"].astype(str) == cell_id) & ~mine["passed"].astype(bool)]
+    # The load point where most starts of the failing cell broke the bound (the first such in the run's order).
+    point = str(broke["load_point"].value_counts(sort=True).index[0]) if not broke.empty else str(mine["load_point"].iloc[0])
+    rows = ms.records(metrics)
+    here = [x for x in rows if str(x.get("cell_id")) == cell_id]
+    axes = _axes_of(here[0] if here else cell)
+    sha = _text(cell.get("commit_sha")) or (_text(here[0].get("commit_sha")) if here else "") or None
+    out = ["### Your current environment", "", environment_block(cell, sha, r), "", "### 🐛 Describe the bug", ""]
+    out += _minimal(m, r)
+    direction = "higher" if METRICS[metric].higher_is_better else "lower"
+    out += ["", (f"**The metric:** `{metric}` ({METRICS[metric].unit}, {direction} is better), bound "
+            f"`{m.mode.removeprefix('expect:')}`; each figure is the mean over valid server starts with its "
+            "95 % interval (t over starts), and how many starts broke the bound."), ""]
+    out += _metric_table(m, mine, rows, metric, cell_id, axes)
+    argv, env = serve_command(ctx.manifest, axes, r)
+    commit = axes.get("commit", cell.get("commit"))
+    out += ["", f"**The failing configuration** (cell `{cell_id}`, commit `{commit}`" + (f" = `{sha}`" if sha else "")
+            + "), started as:", "", "```bash", r.text(shell_command(argv, env)), "```"]
+    point_rows = [x for x in here if str(x.get("load_point") or "") == point]
+    spec, _ = rebuild_cell(ctx.manifest, axes)
+    served = str(spec.serve.get("--served-model-name") or "") or None
+    bench = bench_command(_bench_spec(ctx.manifest), point_rows[0] if point_rows else {}, spec.model, served)
+    if bench is None:
+        out += ["", (f"The load point `{point}` sent the suite's cases (`dataset: suite`), which `vllm bench serve` "
+                "cannot send; `sweep matrix` on this cell measures it again.")]
+    else:
+        out += ["", (f"**The load point** `{point}` as `vllm bench serve` sends it (the same dataset lengths, "
+                "prompt count, warm-ups, concurrency or rate, seed and temperature; vLLM draws its own random "
+                f"tokens), against that server; `{metric}` is in its result:"), "",
+                "```bash", r.text(shlex.join(bench)), "```"]
+    out += list(sections) if sections is not None else _culprits(runs_dir or ctx.run.runs_dir.shown, m)
+    out += ["", footer or (f"<sub>Generated by `sweep report {ctx.run.run_id} --issue` from run `{ctx.run.run_id}` "
+                           f"({len(metrics):,} server start × load point rows).</sub>")]
+    return r.text("\n".join(out)) + "\n"
+
+
+def _metric_table(m: ModeExplanation, judged: pd.DataFrame, rows: Sequence[Mapping[str, Any]], metric: str,
+                  cell_id: str, axes: Mapping[str, Any]) -> list[str]:
+    """Markdown rows: the failing cell (after), the same settings at the other commits (before), and the
+    cells one term of the conjunction away at its commit (passing neighbours), per load point."""
+    want = {k: value_text(v) for k, v in axes.items()}
+    settings = {k: v for k, v in want.items() if k != "commit"}
+    term_axes = {t.axis for t in m.terms}
+    by_cell: dict[str, list[Mapping[str, Any]]] = {}
+    for x in rows:
+        by_cell.setdefault(str(x.get("cell_id")), []).append(x)
+    outside: dict[tuple[str, str], tuple[int, int]] = {}
+    for e in ms.records(judged):
+        key = (str(e["cell_id"]), str(e.get("load_point") or ""))
+        k, n = outside.get(key, (0, 0))
+        outside[key] = (k + (not e["passed"]), n + 1)
+    picked: list[tuple[str, str, str]] = [("after (failing)", cell_id, "")]
+    for other, members in by_cell.items():
+        if other == cell_id or not members:
+            continue
+        theirs = {k: value_text(v) for k, v in _axes_of(members[0]).items()}
+        rest = {k: v for k, v in theirs.items() if k != "commit"}
+        if rest == settings and theirs.get("commit") != want.get("commit"):
+            picked.append(("before: same settings", other, ""))
+            continue
+        differs = [k for k in set(want) & set(theirs) if want[k] is not None and theirs[k] is not None
+                   and want[k] != theirs[k]]
+        if theirs.get("commit") == want.get("commit") and len(differs) == 1 and differs[0] in term_axes:
+            picked.append(("neighbour", other, f"{display_axis(differs[0])}={theirs[differs[0]]}"))
+    lines = ["| | configuration | commit | load point | " + f"`{metric}` [95 % CI] | starts outside the bound |",
+             "|---|---|---|---|---|---|"]
+    for what, other, change in picked:
+        members = by_cell.get(other, [])
+        if not members:
+            continue
+        label = change or ms.label(ms.settings(members[0]))
+        commit = str(members[0].get("commit"))
+        for point, at in ms.group(members, with_commit=True).items():
+            k, n = outside.get((other, point[1]), (0, 0))
+            lines.append(f"| {what} | `{label}` | `{commit}` | `{point[1] or '(one)'}` | {_interval(at, metric)} | "
+                         + (f"{k} of {n}" if n else "—") + " |")
+    return lines

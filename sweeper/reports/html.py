@@ -3,9 +3,11 @@
 Everything is inline (CSS, SVG, a few lines of JS) and nothing is fetched: the file can be mailed,
 attached to an issue or opened offline. It holds the run summary and environment fingerprints, the
 explanation of every failure mode (`sweeper.judge.explain`), a heatmap per mode (commits in history order,
-one column per combination of the other axes), a drill-down per cell (requested vs effective
+one column per combination of the other axes), the serving metrics where the run measured them
+(`sweeper.reports.metrics.html_section`), a drill-down per cell (requested vs effective
 configuration, spec-decode figures, failing responses with their server log lines) and, for a bisect
-run, every change with the evidence along the range and the probe timeline. Secret settings are
+run, every change with the evidence along the range and the probe timeline. A server start outside an
+`expect:` bound is a failure of its bound's mode in every one of these sections. Secret settings are
 scrubbed as in the bug report (`sweeper.reports.bug.Redactor`).
 """
 
@@ -23,6 +25,7 @@ from typing import Any
 
 import pandas as pd
 
+from sweeper.judge.expectations import is_evidence, is_expect_mode
 from sweeper.judge.explain import (
     Classified,
     Explanation,
@@ -32,6 +35,8 @@ from sweeper.judge.explain import (
     value_text,
 )
 from sweeper.judge.stats import wilson
+from sweeper.reports import expectations as expect_report
+from sweeper.reports import metrics as metrics_report
 from sweeper.reports.bug import REDACTED, Redactor, log_lines
 from sweeper.reports.explain_text import describe
 from sweeper.spec.status import Status
@@ -92,6 +97,7 @@ class _Run:
     explanation: Explanation
     axes: list[str]  # the axes that vary between cells, the commit aside
     orders: dict[str, list[str]] = field(default_factory=dict)  # each axis's values in the matrix's order
+    metrics: pd.DataFrame = field(default_factory=pd.DataFrame)  # the metrics table (empty without a bench)
 
     def commit_label(self, commit: str) -> str:
         return commit[:10] if len(commit) == 40 and all(c in "0123456789abcdef" for c in commit) else commit
@@ -101,15 +107,19 @@ def load(run: RunDir) -> _Run:
     from sweeper.reports import tables as report
 
     manifest = run.manifest_or_none()
-    samples = analysis.load_samples(run).reset_index(drop=True)
-    cells = analysis.load_cells(run)
+    metrics = metrics_report.load(run)
+    # A start outside an `expect:` bound is a failure like a request's: its evidence joins the samples
+    # every section classifies, and each cell's counts (`sweeper.judge.expectations`).
+    found = expect_report.expectation_evidence(run, metrics)
+    samples = expect_report.with_expectations(run, analysis.load_samples(run), found).reset_index(drop=True)
+    cells = expect_report.cells_with_expectations(run, analysis.load_cells(run), found)
     suite = report.run_suite(run)
     orders = report.run_orders(run, cells)
     order = orders["commit"]
     explanation = report.explain_run(run, samples, cells)
     classified = classify(samples, suite) if not samples.empty else Classified([], {})
     axes = [a for a in report.varying_axes(cells) if a != "commit"] if not cells.empty else []
-    return _Run(run, manifest, samples, cells, order, classified, explanation, axes, orders)
+    return _Run(run, manifest, samples, cells, order, classified, explanation, axes, orders, metrics)
 
 
 # ---- sections -------------------------------------------------------------------------------------
@@ -118,14 +128,20 @@ def _summary(r: _Run) -> str:
     m = r.manifest
     matrix = m.matrix if m else {}
     statuses = r.cells["status"].value_counts().to_dict() if not r.cells.empty else {}
-    failed = int((~r.samples["passed"].astype(bool)).sum()) if not r.samples.empty else 0
+    judged = is_evidence(r.samples)
+    requests = r.samples[~judged]
+    failed = int((~requests["passed"].astype(bool)).sum()) if not requests.empty else 0
+    broke = int((~r.samples.loc[judged, "passed"].astype(bool)).sum()) if judged.any() else 0
     suite = m.suite if isinstance(m, SweepManifest) else None
     rows = [("run", r.run.run_id), ("kind", m.kind if m else None), ("created", m.created if m else None),
             ("matrix", f"{matrix.get('name') or ''} ({m.matrix_path if m else None})"),
             ("description", matrix.get("description")), ("model", matrix.get("model")),
             ("suite", suite or matrix.get("suite")),
             ("cells", f"{len(r.cells):,} — " + ", ".join(f"{v} {k}" for k, v in sorted(statuses.items()))),
-            ("samples", f"{len(r.samples):,}, {failed:,} failing"), ("sweeper", m.sweeper if m else None)]
+            ("samples", f"{len(requests):,}, {failed:,} failing"),
+            ("expect: bounds", f"{int(judged.sum()):,} server starts × load points judged, {broke:,} outside"
+             if judged.any() else None),
+            ("sweeper", m.sweeper if m else None)]
     if isinstance(m, BisectManifest):
         rows.insert(2, ("range", (f"{m.good} ({str(m.good_sha)[:10]}) .. {m.bad} "
                                  f"({str(m.bad_sha)[:10]}), {len(m.commits or ()) - 1} commits")))
@@ -340,6 +356,11 @@ def _example(r: _Run, s: Mapping[str, Any], mode: str | None) -> str:
     details = s.get("check_details")
     pairs = details.items() if isinstance(details, dict) else (details if details is not None else [])
     checks = "".join(f"<li><code>{esc(name)}</code>: {esc(d)}</li>" for name, d in pairs)
+    if mode is not None and is_expect_mode(mode):
+        # A server start measured outside a bound: no request, no response; the figure is the evidence.
+        return (f'<div class="example"><p><b>{esc(s.get("case_id"))}</b> · server start {esc(s.get("repeat"))}</p>'
+                f'<p>mode: <code>{esc(mode)}</code></p><ul>{checks}</ul>'
+                '<p class="muted">The serving metrics section has every configuration\'s figures.</p></div>')
     lines = log_lines(r.run, str(s.get("group_id")), str(s.get("cell_id")), str(s.get("request_id")))
     tail = _text(s.get("content_tail"))
     err = _text(s.get("error"))
@@ -514,8 +535,10 @@ def render(run: RunDir) -> str:
     """The whole page as one string."""
     r = load(run)
     redact = Redactor(r.manifest.matrix if r.manifest else None)
-    sections = [_summary(r), _fingerprint(r), _explanation(r), _heatmaps(r), _bisect(r), _cells(r)]
-    nav = "".join(f'<a href="#{s}">{s}</a>' for s in ("summary", "environment", "explanation", "heatmaps", "bisect", "cells")
+    sections = [_summary(r), _fingerprint(r), _explanation(r), _heatmaps(r), metrics_report.html_section(r.metrics),
+                _bisect(r), _cells(r)]
+    nav = "".join(f'<a href="#{s}">{s}</a>' for s in ("summary", "environment", "explanation", "heatmaps", "metrics",
+                                                       "bisect", "cells")
                   if any(f'id="{s}"' in x for x in sections))
     page = (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
             f'<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; style-src \'unsafe-inline\'; '

@@ -7,8 +7,7 @@
   no other beats on both (the frontier) marked and joined, as `vllm bench sweep plot_pareto` draws it.
 * `heatmap`: one metric's mean over two sets of axes (`--heatmap FILE --metric NAME`).
 * `html_section`: the tables and the Pareto picture for the HTML report.
-* `with_expectations`: the run's `expect:` bounds judged on its metrics, as evidence rows appended
-  to the samples every failure reader classifies (`sweeper.judge.expectations`).
+* `explain_text`: `--explain --metric NAME`, the smallest setting conjunction that moves a metric.
 
 matplotlib with the Agg backend: files are written, no window is opened.
 """
@@ -245,35 +244,44 @@ def html_section(metrics: pd.DataFrame) -> str:
             f'<img alt="Pareto: output throughput against mean TPOT" src="data:image/png;base64,{image}"></section>')
 
 
-def expectation_evidence(run: RunDir, metrics: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The run's `expect:` bounds judged on its metrics (`sweeper.judge.expectations.evidence`)."""
-    from sweeper.judge.expectations import evidence
-    from sweeper.spec.expect import from_matrix
+def explain_text(metrics: pd.DataFrame, metric: str, cells: pd.DataFrame | None = None,
+                 *, json_out: bool = False) -> str:
+    """`sweep report RUN --explain --metric NAME`: per load point, the smallest setting conjunction
+    that moves the metric, with its effect and 95 % interval (`sweeper.judge.metric_explain`)."""
+    import json
 
-    manifest = run.manifest_or_none()
-    raw = getattr(manifest, "matrix", None) or {}
-    known = {n: m.higher_is_better for n, m in METRICS.items()}
-    bounds = from_matrix(raw, known)
-    if not bounds:
-        return pd.DataFrame()
-    return evidence(load(run) if metrics is None else metrics, bounds)
+    from sweeper.judge.metric_explain import explain_metric
 
+    if metric not in METRICS:
+        from sweeper.errors import ConfigError
 
-def with_expectations(run: RunDir, samples: pd.DataFrame) -> pd.DataFrame:
-    """`samples` with the run's expectation evidence appended (unchanged without an `expect:` section)."""
-    found = expectation_evidence(run)
-    if found.empty:
-        return samples
-    extra = found[[c for c in found.columns if c in samples.columns or c in ("case_id", "failed_checks")]]
-    return pd.concat([samples, extra], ignore_index=True)
+        raise ConfigError(f"unknown metric {metric!r}; known: {', '.join(METRICS)}", key="--metric")
+    if metrics.empty:
+        return "no metrics in this run (a matrix with a bench: section measures them)\n"
+    points = list(dict.fromkeys(str(r.get("load_point") or "") for r in ms.records(metrics)))
+    found = [explain_metric(metrics, metric, load_point=p, cells=cells) for p in points]
+    if not json_out:
+        return "\n".join(e.line() for e in found) + "\n"
+
+    def num(x: float | None) -> float | None:
+        return x if x is not None and math.isfinite(x) else None
+    return json.dumps({"schema": "sweep-metric-explain/1", "metric": metric, "load_points": [
+        {"load_point": e.load_point, "conjunction": [{"axis": a, "value": v} for a, v in e.terms],
+         "text": e.conjunction, "effect": num(e.effect), "low": num(e.low), "high": num(e.high),
+         "p_adjusted": num(e.p_adjusted), "tried": e.tried, "starts_inside": e.starts_inside,
+         "starts_outside": e.starts_outside,
+         "aliases": [[{"axis": a, "value": v} for a, v in alias] for alias in e.aliases]} for e in found]},
+        indent=2) + "\n"
 
 
 def report_cli(runs_dir: str, run_id: str | None, *, against: str | None, pareto_path: Path | None,  # noqa: PLR0913
                heatmap_path: Path | None, metric: str | None, rows_axes: str | None, cols_axes: str | None,
-               json_out: bool, write: Any) -> None:
-    """What `sweep report` does with `--metrics`, `--pareto` or `--metric`: `write` takes each text."""
+               json_out: bool, write: Any, explain: bool = False) -> None:
+    """What `sweep report` does with `--metrics`, `--pareto` or `--metric` (with `--explain`: what
+    moves the metric): `write` takes each text."""
     import json
 
+    from sweeper.errors import SweepError
     from sweeper.judge.metric_compare import as_json as compare_json
     from sweeper.judge.metric_compare import compare_metrics, render
     from sweeper.store import frames
@@ -281,6 +289,11 @@ def report_cli(runs_dir: str, run_id: str | None, *, against: str | None, pareto
 
     run = open_run(runs_dir, run_id, create=False) if run_id else frames.latest_run(runs_dir)
     metrics = load(run)
+    if explain:
+        if metric is None:
+            raise SweepError("--explain with --metrics needs --metric NAME: the metric to explain")
+        write(explain_text(metrics, metric, frames.load_cells(run), json_out=json_out))
+        return
     if against:
         other = open_run(runs_dir, against, create=False)
         cmp = compare_metrics(metrics, load(other), run_a=run.run_id, run_b=other.run_id,

@@ -22,6 +22,7 @@ from sweeper.reports import html as html_report
 from sweeper.reports import triage as triage_report
 from sweeper.reports.bisect import render as render_bisect
 from sweeper.reports.bug import issue_markdown
+from sweeper.reports.expectations import cells_with_expectations
 from sweeper.reports.explain_json import to_json as explanation_json
 from sweeper.reports.explain_text import render as render_explanation
 from sweeper.reports.metric_bisect import is_metric_bisect
@@ -50,7 +51,7 @@ class ReportOptions:
     as_json: bool = False
     metrics: bool = False  # serving metrics instead of failures (a table, or with `against` a comparison)
     pareto: Path | None = None  # throughput against TPOT per configuration, the frontier marked
-    metric: str | None = None  # the metric of a heatmap, or the only one compared
+    metric: str | None = None  # the metric of a heatmap, the only one compared, or with `explain` the one explained
 
     @property
     def about_metrics(self) -> bool:
@@ -73,7 +74,7 @@ def report_run(runs_dir: str, run_id: str | None, options: ReportOptions, to: Ch
     o = options
     if o.about_metrics:
         report_cli(runs_dir, run_id, against=o.against, pareto_path=o.pareto, heatmap_path=o.heatmap, metric=o.metric,
-                   rows_axes=o.rows, cols_axes=o.cols, json_out=o.as_json, write=to.raw)
+                   rows_axes=o.rows, cols_axes=o.cols, json_out=o.as_json, write=to.raw, explain=o.explain)
         return
     if run_id is not None and not any((o.explain, o.html, o.issue, o.heatmap, o.against, o.all_cells)):
         record = triage_report.load(runs_dir, run_id)
@@ -151,7 +152,8 @@ def _sweep(run: RunDir, manifest: Manifest | None, runs_dir: str, o: ReportOptio
             out.print(line, markup=False, highlight=False)
         out.print(compare.table(result))
     if not own:
-        out.print(tables.cells_table(cells, title=f"run {run.run_id}", orders=orders,
+        # A cell with a server start outside an `expect:` bound fails there, its bound the mode.
+        out.print(tables.cells_table(cells_with_expectations(run, cells), title=f"run {run.run_id}", orders=orders,
                                      limit=None if o.all_cells else tables.TABLE_ROWS, width=out.width))
         for line in spend.run_notes(run):
             out.print(line, markup=False, highlight=False)

@@ -475,14 +475,18 @@ def commit_order(run: RunDir, present: Iterable[str] = ()) -> list[str]:
 
 def explain_run(run: RunDir, samples: pd.DataFrame | None = None, cells: pd.DataFrame | None = None,
                 **options: Any) -> Explanation:
-    """`sweeper.judge.explain.explain` on a stored run, with its suite and history order."""
+    """`sweeper.judge.explain.explain` on a stored run, with its suite and history order. Samples it
+    loads itself get the run's `expect:` judgements appended (`sweeper.reports.metrics.with_expectations`);
+    a caller passing `samples` appends them itself, as it classifies the same rows."""
+    from sweeper.judge.expectations import with_unit
     from sweeper.judge.explain import explain
+    from sweeper.reports.expectations import with_expectations
     from sweeper.store import frames as analysis
 
-    samples = analysis.load_samples(run) if samples is None else samples
+    samples = with_expectations(run, analysis.load_samples(run)) if samples is None else samples
     cells = analysis.load_cells(run) if cells is None else cells
     order = commit_order(run, samples["commit"].astype(str) if "commit" in samples.columns else ())
-    return explain(samples, cells, suite=run_suite(run), commit_order=order, **options)
+    return with_unit(explain(samples, cells, suite=run_suite(run), commit_order=order, **options))
 
 
 # ---- machine-readable output ---------------------------------------------------------------------

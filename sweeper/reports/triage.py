@@ -18,8 +18,10 @@ from typing import Any
 
 import pandas as pd
 
+from sweeper.judge.expectations import with_unit
 from sweeper.judge.explain import Explanation, ModeExplanation, explain
 from sweeper.reports.bug import issue_markdown
+from sweeper.reports.expectations import with_expectations
 from sweeper.reports.tables import run_suite
 from sweeper.store import files
 from sweeper.store import frames as analysis
@@ -136,10 +138,12 @@ def triage_sections(m: ModeExplanation, regression: Mapping[str, Any] | None, fi
 def explained(runs: Sequence[RunDir], order: Sequence[str], more: tuple[pd.DataFrame, pd.DataFrame] | None = None
               ) -> tuple[Explanation, pd.DataFrame, pd.DataFrame]:
     """The failure modes of these runs' samples taken together (and `more`: samples and cells stored
-    elsewhere, as a bisect's at the commit swept), with those samples and cells."""
-    samples = pd.concat([*(analysis.load_samples(r) for r in runs), *([more[0]] if more else [])], ignore_index=True)
+    elsewhere, as a bisect's at the commit swept), with those samples and cells. Each run's `expect:`
+    judgements join its samples: a start outside a bound is a mode like any other."""
+    samples = pd.concat([*(with_expectations(r, analysis.load_samples(r)) for r in runs),
+                         *([more[0]] if more else [])], ignore_index=True)
     cells = pd.concat([*(analysis.load_cells(r) for r in runs), *([more[1]] if more else [])], ignore_index=True)
-    return explain(samples, cells, suite=run_suite(runs[0]), commit_order=order), samples, cells
+    return with_unit(explain(samples, cells, suite=run_suite(runs[0]), commit_order=order)), samples, cells
 
 
 @dataclass(frozen=True)
