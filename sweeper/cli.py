@@ -265,7 +265,7 @@ def report_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of text: the run's cells (a bisect run: its verdict, as `sweep bisect --json` printed it), or with --explain the explanation (schemas: runs/README.md).")] = False,
     metrics: Annotated[bool, typer.Option("--metrics", help="Serving metrics instead of failures: a table per load point (mean ± 95% interval over starts); with --against, each metric's change per matched cell with a verdict DIFFERENT/SAME/UNKNOWN.")] = False,
     pareto: Annotated[Path | None, typer.Option("--pareto", help="Write throughput against TPOT per configuration, the Pareto frontier marked (PNG/SVG), here.")] = None,
-    metric: Annotated[str | None, typer.Option("--metric", help="With --heatmap: the serving metric to map (default mean_tpot_ms); with --against --metrics: only this metric.")] = None,
+    metric: Annotated[str | None, typer.Option("--metric", help="With --heatmap: the serving metric to map (default mean_tpot_ms); with --against --metrics: only this metric; with --explain: the smallest setting conjunction that moves it, per load point.")] = None,
 ) -> None:
     """Failure rates per cell with 95% intervals (a bisect run: its verdict); or, instead, a heatmap,
     the explanation, an HTML report, a vLLM bug report, a comparison with another run, or JSON.
