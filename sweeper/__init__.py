@@ -27,6 +27,8 @@ same name does (see `sweep matrix --help`, `sweep bisect --help`, `sweep triage 
 from __future__ import annotations
 
 import os
+import sys
+import types
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -101,6 +103,21 @@ def open_run(run_id: str | None = None, *, runs_dir: str | os.PathLike[str] | Lo
     from sweeper.reports.run import open_stored
 
     return open_stored(run_id, runs_dir=runs_dir, kind=kind)
+
+
+class _Package(types.ModuleType):
+    """This package, keeping `sweeper.bisect` the library's function. Python's import sets a subpackage
+    it loads as an attribute of its parent: the first import of the search (`sweeper/bisect/`, reached by
+    `from sweeper.bisect.search import ...`) would otherwise replace the function, so that a second
+    `sweeper.bisect(...)` in one process called a module."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "bisect" and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:
