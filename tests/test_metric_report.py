@@ -41,9 +41,9 @@ def test_a_table_per_load_point_within_100_columns(tmp_path: Path) -> None:
     assert [line for line in lines if line.startswith("load point")] == ["load point concurrency=1",
                                                                          "load point concurrency=8"]
     assert "every row: commit=main" in lines
-    mtp2 = [line for line in lines if line.startswith("spec=mtp k=2 ")]
+    mtp2 = [line for line in lines if line.startswith("mtp k2 ")]
     assert len(mtp2) == 2 and mtp2[1].split()[4].startswith("14")  # out tok/s near 1400 at concurrency 8
-    ngram = [line for line in lines if line.startswith("spec=ngram")]
+    ngram = [line for line in lines if line.startswith("ngram")]
     assert " 3!1 " in ngram[1]  # three valid starts, one invalid left out
     assert any("/metrics went backwards" in line for line in lines)
     assert all("999" not in line for line in lines)  # the invalid start's figure is never shown

@@ -87,6 +87,22 @@ def _cell(value: tuple[float, float, float] | None) -> str:
     return f"{mean:.{digits}f}±{half:.{digits}f}"
 
 
+def _term(axis: str, value: str) -> str:
+    """One setting as few characters as still say it: a row label has about 20 beside six figures."""
+    if axis in ("commit", "spec_method", "attention_backend"):
+        return value
+    if axis == "async_scheduling":
+        return {"true": "async", "false": "sync"}.get(value.lower(), f"async={value}")
+    if axis == "num_speculative_tokens":
+        return f"k{value}"
+    if axis.startswith("env."):
+        # The variable's first word after VLLM_/USE_ (VLLM_USE_V2_MODEL_RUNNER: V2): the full name is in
+        # the JSON and the other reports; here it has to fit beside the figures.
+        words = [w for w in axis[4:].split("_") if w not in ("VLLM", "USE")] or [axis[4:]]
+        return f"{words[0]}={value}"
+    return f"{short_header(axis)}={value}"
+
+
 def table_lines(metrics: pd.DataFrame, *, width: int = WIDTH) -> list[str]:
     """One table per load point (see the module docstring); every line at most `width` columns."""
     found = rows(metrics, [m for m, _ in SHOWN])
@@ -100,8 +116,7 @@ def table_lines(metrics: pd.DataFrame, *, width: int = WIDTH) -> list[str]:
         for a, v in r.settings:
             values.setdefault(a, set()).add(v)
     fixed = {a for a, vs in values.items() if len(vs) == 1 and all(a in dict(r.settings) for r in found)}
-    labels = {id(r): " ".join(f"{short_header(a)}={v}" for a, v in r.settings if a not in fixed) or "(all)"
-              for r in found}
+    labels = {id(r): " ".join(_term(a, v) for a, v in r.settings if a not in fixed) or "(all)" for r in found}
     out = ["mean ± 95 % interval over server starts (n: valid starts)"]
     if fixed:
         out.append("every row: " + " ".join(f"{short_header(a)}={next(iter(values[a]))}" for a in values if a in fixed))
