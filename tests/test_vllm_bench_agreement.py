@@ -98,7 +98,7 @@ class BenchServe:
         scratch = self.folder / "tmp"
         scratch.mkdir(parents=True, exist_ok=True)
         overlay = _vllm_metadata(self.folder / "metadata", installed.version or "0.32.0")
-        self.env = {**os.environ, "OPENAI_API_KEY": api_key, "HF_HUB_OFFLINE": "1",
+        self.env = {**os.environ, "OPENAI_API_KEY": api_key, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
                     "PYTHONPATH": str(overlay), "VLLM_CACHE_ROOT": marker,
                     "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor"), "HF_HOME": str(scratch / "hf"),
                     "TMPDIR": str(scratch), "XDG_CACHE_HOME": str(scratch / "xdg")}
