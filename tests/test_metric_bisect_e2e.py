@@ -144,6 +144,34 @@ def test_a_sweeps_starts_are_reused_and_a_resumed_bisect_runs_no_start_twice(
     assert f"round {first['rounds'] + 1}:" in err and "round 1:" not in err
 
 
+def test_starts_without_a_valid_figure_are_no_evidence_and_make_their_commit_untestable(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import pandas as pd
+
+    # The bad endpoint's engine dies in every load phase (its streamed requests): no start there measures TPOT.
+    crash = {"id": "dies", "effect": "crash", "when": {"stream": True}, "after_requests": 1, "exit_after_s": 0.05}
+    shas = history(tmp_path, 4)
+    sim = yaml.safe_load((tmp_path / "vllm" / "sim.yaml").read_text())
+    from conftest import git
+
+    (tmp_path / "vllm" / "sim.yaml").write_text(yaml.safe_dump({**sim, "bugs": [crash]}))
+    git(tmp_path / "vllm", "commit", "-q", "-am", "dies under load (#2000)")
+    bad = git(tmp_path / "vllm", "rev-parse", "HEAD")
+    code, out, err = run_cli(bisect_args(tmp_path, bad, "--run-id", "b"), capsys)
+    assert code == 0, err
+    assert "invalid, not evidence: the server exited during the load phase" in err
+    (cell,) = verdict(tmp_path, "b")["cells"]
+    # Asked for in rounds of several starts: the commit is given up once a round ends with 3 or more.
+    assert cell["invalid_starts"] >= 3 and cell["verdict"] != "changes"
+    ((sha, why),) = cell["skipped"]
+    assert sha == bad and why.startswith(f"{cell['invalid_starts']} starts gave no valid mean_tpot_ms: the server "
+                                         "exited during the load phase")
+    probes = pd.read_parquet(tmp_path / "runs" / "b" / "probes")
+    assert (probes[probes["commit_sha"] == bad]["status"] == "invalid").sum() == cell["invalid_starts"]
+    assert shas["v0.27.0"] in set(probes["commit_sha"])
+    assert f"untestable: {bad[:10]}" in out
+
+
 def test_resuming_a_run_that_is_not_there_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     history(tmp_path, 3)
     code, out, err = run_cli(bisect_args(tmp_path, "c2", "--resume", "nope"), capsys)
