@@ -441,10 +441,17 @@ class MetricBisector:
         """Rounds until every search is done (or the budget or round limit stops it); the state after
         each round goes to bisect.json."""
         reused = len(self.reused_starts())
+        plan: list[tuple[MetricTarget, str]] = []
+        invalid: list[str] = []
         while True:
             searches = self.searches()
             reports = [s.result() for s in searches]
             self.save_state(reports, final=False)
+            if plan:  # the round just run, with what the searches believe after it
+                best = next((b for b in map(best_so_far, reports) if b), None)
+                self.say(round_line(self.round, [self.commits.index(sha) for _, sha in plan], len(self.commits) - 1,
+                                    starts=self.starts, reused_starts=reused, gpu_seconds=self.gpu_seconds,
+                                    invalid=invalid, best=best))
             if self.options.max_rounds is not None and self.round >= self.options.max_rounds:
                 return reports
             plan = self.afford(self.plan_round(searches, slots))
@@ -454,10 +461,6 @@ class MetricBisector:
                              "the next start is priced past what is left")
                 return reports
             invalid = self.probe(executor, plan)
-            best = next((b for b in (best_so_far(s.result()) for s in self.searches()) if b), None)
-            self.say(round_line(self.round, [self.commits.index(sha) for _, sha in plan], len(self.commits) - 1,
-                                starts=self.starts, reused_starts=reused, gpu_seconds=self.gpu_seconds,
-                                invalid=invalid, best=best))
 
     @property
     def gpu_seconds(self) -> float:
