@@ -11,6 +11,10 @@ them), recorded in `triage.json` (`sweeper.store.triage_record`) as they finish:
 4. `bisect`: one `sweeper.drivers.bisect` search over the cheapest cell holding each mode's
    conjunction (fewest GPUs, quickest start, a cell already chosen for another mode first): it
    takes the samples of the phases before as stored evidence and shares starts between its cells;
+   `metric-bisect-N`: a mode of an `expect:` bound (a metric outside it at bad) is bisected by
+   `sweeper.drivers.metric_bisect` instead, one run per such mode: the bound's metric at the load
+   point where most of its cell's starts broke it, `min_effect` the smallest change it claims, on the
+   cell chosen as above; the sweeps' stored starts there are its evidence at good and bad;
 5. `at-<sha>`: for a mode the bisect found brought and fixed inside the range (so absent at bad),
    the matrix at the commit that brought it, to explain it: the servers the bisect started there
    are not started again, their stored samples join the sweep's;
@@ -32,6 +36,7 @@ from typing import Any
 import pandas as pd
 
 from sweeper.drivers.bisect import BisectOptions, BisectScope, Subject, bisect_cells
+from sweeper.drivers.metric_bisect import MetricBisectOptions, run_metric_bisect
 from sweeper.drivers.sweep import Afford, ZoomOptions, make_plan, run_matrix
 from sweeper.errors import ConfigError, GitError, Interrupted, StoreError, SweepError
 from sweeper.execute.executor import ExecutorFactory
@@ -40,13 +45,14 @@ from sweeper.install.history import History, history_for
 from sweeper.install.matrix_loader import load_matrix
 from sweeper.install.repository import repo_for
 from sweeper.judge.axis_levels import axes_map, value_text
+from sweeper.judge.expectations import is_expect_mode
 from sweeper.judge.explain import ModeExplanation
 from sweeper.plan.budget import Ledger
 from sweeper.plan.sweep_plan import Plan
 from sweeper.reports import triage as triage_report
-from sweeper.reports.expectations import cells_with_expectations
+from sweeper.reports.expectations import cells_with_expectations, expectation_evidence
 from sweeper.reports.tables import is_failing
-from sweeper.spec.matrix import Cell, DesignSpec, ServerGroup
+from sweeper.spec.matrix import Cell, DesignSpec, ServerGroup, canonical
 from sweeper.spec.matrix_slice import Slice
 from sweeper.store import frames as analysis
 from sweeper.store.run_folder import RunDir, new_run_id, now_utc, open_run
@@ -80,6 +86,8 @@ class TriageOptions:
     bump_width: int | None = None
     quiet_scan: bool = True
     expected_changes: float = 1.0
+    # A metric mode's bisect (an `expect:` bound broken at bad): the smallest relative change it claims.
+    min_effect: float = 0.03
 
 
 @dataclass
@@ -298,6 +306,59 @@ class Triage:
         return outcome.summary
 
 
+    def metric_bisect(self, index: int, cell: Cell, metric: str, load_point: str, plan: Plan) -> dict[str, Any] | None:
+        """The metric bisect of the `index`-th metric mode on `cell` (phase `metric-bisect-<index>`): run,
+        resumed, or read back when done. The sweeps' stored starts under `phases/` are its evidence."""
+        name = f"metric-bisect-{index}"
+        phase = self.record.add_phase(Phase(name, "metric-bisect", name))
+        if phase.status == "skipped":
+            return None
+        existing = self._exists(name)
+        if phase.status == "done" and existing:
+            summary = open_run(self.phases, name, create=False).read_json("bisect.json")
+            if isinstance(summary, dict) and summary.get("final"):
+                return summary
+        commits = self.history.range(self.record.good_sha, self.record.bad_sha)
+        per_start = plan.profile.start_s + plan.requests_per_cell() * plan.profile.request_s
+        phase.modelled_gpu_s = modelled_bisect_s(1, len(commits), per_start, plan.matrix.spec.gpus_per_cell)
+        if not self.affordable(phase):
+            return None
+        self.save()
+        where = tuple(f"{k}={v if isinstance(v, str) else canonical(v)}" for k, v in cell.values.items()
+                      if k != "commit")
+        scope = BisectScope(good=self.record.good_sha, bad=self.record.bad_sha, matrix_path=self.scope.matrix_path,
+                            where=where)
+        options = MetricBisectOptions(metric=metric, load_point=load_point, min_effect=self.options.min_effect,
+                                      confidence=self.options.confidence, parallel=self.options.parallel,
+                                      budget_h=self._bisect_budget_h(), expected_changes=self.options.expected_changes,
+                                      cache_dir=self.options.cache_dir, runs_dir=self.phases,
+                                      run_id=None if existing else name, resume=name if existing else None)
+        outcome = run_metric_bisect(scope, options, executor=self.executor,
+                                    on_event=lambda line: self.say(f"{name}: {line}"))
+        summary = outcome.summary
+        reused = len(summary.get("reused_starts") or [])
+        phase.status, phase.starts = "done", int(summary.get("server_starts") or 0)
+        phase.gpu_s = float(summary.get("gpu_seconds") or 0.0)
+        phase.note = f"{metric} at {load_point}" + (f"; {reused} stored start(s) of the sweeps reused" if reused else "")
+        self.save()
+        return summary
+
+
+def metric_question(bad_run: RunDir, mode: str, cell_id: str) -> tuple[str, str] | None:
+    """The metric of the `expect:` mode and the load point to bisect it at: where most starts of its
+    cell broke the bound at bad (the first such in the run's order, as its report picks it)."""
+    found = expectation_evidence(bad_run)
+    if found.empty:
+        return None
+    mine = found[found["bound"].astype(str) == mode]
+    if mine.empty:
+        return None
+    broke = mine[(mine["cell_id"].astype(str) == cell_id) & ~mine["passed"].astype(bool)]
+    point = str(broke["load_point"].value_counts(sort=True).index[0]) if not broke.empty \
+        else str(mine["load_point"].iloc[0])
+    return str(mine["metric"].iloc[0]), point
+
+
 def modelled_bisect_s(cells: int, commits: int, per_start_s: float, gpus: float) -> float:
     """A bisect's modelled GPU time: per cell, a binary search over the range and a few starts more
     to settle a rate that only some requests show."""
@@ -429,12 +490,22 @@ def _flow(t: Triage) -> TriageOutcome:
         f"{m.mode} ({m.conjunction})" for m in at_bad))
     chosen = cheapest_cells(at_bad, bad_cells, gpus)
     keys = {str(r["cell_id"]): str(r["settings_key"]) for r in bad_cells.to_dict("records")}
-    wanted = {keys[c] for c in chosen.values()}
-    cells = sorted((c for c in {c.settings_key: c for c in plan.matrix.cells}.values() if c.settings_key in wanted),
-                   key=lambda c: c.cell_id)
+    by_key = {c.settings_key: c for c in plan.matrix.cells}
+    # A mode of an `expect:` bound has metric rows, not failing requests: the metric bisect takes it.
+    wanted = {keys[c] for mode, c in chosen.items() if not is_expect_mode(mode)}
+    cells = sorted((c for c in by_key.values() if c.settings_key in wanted), key=lambda c: c.cell_id)
     for mode, cid in chosen.items():
-        t.say(f"bisect: {mode} on cell {cid}")
+        t.say(f"bisect: {mode} on cell {cid}" + (" (metric bisect)" if is_expect_mode(mode) else ""))
     summary = t.bisect(cells, plan) if cells else None
+    metric_summaries: dict[str, dict[str, Any]] = {}
+    for i, (mode, cid) in enumerate(((m, c) for m, c in chosen.items() if is_expect_mode(m)), 1):
+        question = metric_question(bad_run, mode, cid)
+        if question is None:
+            t.say(f"metric-bisect-{i}: {mode}: the bad sweep's metrics no longer hold its starts; not bisected")
+            continue
+        found = t.metric_bisect(i, by_key[keys[cid]], *question, plan)
+        if found is not None:
+            metric_summaries[mode] = found
     # Modes the bisect saw come and go inside the range: explained on the matrix at the commit that
     # brought them. The servers the bisect already started there are not started again: their
     # samples join the sweep's in its zoom's explanations and the report's (which reads their logs
@@ -462,7 +533,7 @@ def _flow(t: Triage) -> TriageOutcome:
         run = t.sweep(f"at-{sha[:10]}", cut, design_spec, evidence=reused)
         if run is not None:
             extra[mode] = triage_report.AtCommit(run, *(reused or (None, None)))
-    return _finish(t, runs, summary, extra, chosen, at_ends)
+    return _finish(t, runs, summary, extra, chosen, at_ends, metric_summaries)
 
 
 def server_part(values: Mapping[str, Any]) -> frozenset[tuple[str, str | None]]:
@@ -483,12 +554,13 @@ def probed_at(bisect_run: RunDir, sha: str, ref: str) -> tuple[pd.DataFrame, pd.
     return samples.reset_index(drop=True), cells.reset_index(drop=True)
 
 
-def _finish(t: Triage, runs: list[RunDir], summary: dict[str, Any] | None,
+def _finish(t: Triage, runs: list[RunDir], summary: dict[str, Any] | None,  # noqa: PLR0917
             extra: Mapping[str, triage_report.AtCommit] | None,
             chosen: Mapping[str, str] | None = None,
-            at_ends: triage_report.Explained | None = None) -> TriageOutcome:
+            at_ends: triage_report.Explained | None = None,
+            metric: Mapping[str, Mapping[str, Any]] | None = None) -> TriageOutcome:
     paths = triage_report.write_reports(t.run, t.record, runs, at_ends, summary, extra or {}, chosen or {},
-                                        good=t.good_ref, bad=t.bad_ref, runs_dir=t.phases)
+                                        good=t.good_ref, bad=t.bad_ref, runs_dir=t.phases, metric=metric or {})
     t.record.final = True
     t.save()
     t.say(f"triage: {len(t.record.modes)} report(s) in {t.run.uri}/reports")

@@ -6,6 +6,11 @@ serve` line and the `curl` of a failing request, the log lines, the conjunction 
 aliased alternatives), with the triage's own sections where a plain report lists culprits: since
 when (the endpoints), the change that brought it (PR, confidence), a later fix, and what still
 fails at bad in the cell bisected.
+
+A mode of an `expect:` bound (a metric outside it at bad) is a perf bug report: the environment, the
+`vllm serve` line, the metric at good and bad with intervals, the `vllm bench serve` command of the load
+point (all `sweeper.reports.bug`'s), and the metric bisect's verdict: the commit with its PR, before →
+after with the effect's 95 % interval and its confidence, or why none was located.
 """
 
 from __future__ import annotations
@@ -18,10 +23,11 @@ from typing import Any
 
 import pandas as pd
 
-from sweeper.judge.expectations import with_unit
+from sweeper.judge.expectations import is_expect_mode, with_unit
 from sweeper.judge.explain import Explanation, ModeExplanation, explain
 from sweeper.reports.bug import issue_markdown
 from sweeper.reports.expectations import with_expectations
+from sweeper.reports.metric_bisect import cell_lines
 from sweeper.reports.tables import run_suite
 from sweeper.store import files
 from sweeper.store import frames as analysis
@@ -133,6 +139,61 @@ def triage_sections(m: ModeExplanation, regression: Mapping[str, Any] | None, fi
     return out
 
 
+def metric_regression(summary: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The regression a metric bisect found settled in its (first) cell: the largest one, with the
+    question and the cell's label; None when it found none."""
+    if not summary:
+        return None
+    cells = summary.get("cells") or []
+    if not cells:
+        return None
+    found = [ch for ch in cells[0].get("changes", []) if ch.get("kind") == "regression" and ch.get("found")]
+    if not found:
+        return None
+    best = max(found, key=lambda ch: abs(float(ch.get("effect") or 0.0)))
+    return {**best, "cell_label": cells[0].get("label"), "question": dict(summary.get("question") or {})}
+
+
+def _pct(x: Any) -> str:
+    return "?" if x is None else f"{100 * float(x):+.1f} %"
+
+
+def _level(x: Any, unit: str) -> str:
+    return "?" if x is None else (f"{float(x):.4g} {unit}".strip() if unit != "%" else f"{float(x):.4g} %")
+
+
+def metric_sections(m: ModeExplanation, summary: Mapping[str, Any] | None, *, good: str, bad: str) -> list[str]:
+    """A metric mode's triage sections: since when, and what the metric bisect found."""
+    out = ["", "**Since when:**"]
+    seen = ", ".join(f"`{c}`" for c in m.commits)
+    out.append(f"- outside the bound on {seen} (the triage swept `{good}` and `{bad}`).")
+    if summary is None:
+        out.append("- Brought by: not located (the metric bisect did not run: see `sweep report` on the triage).")
+        return out
+    q = summary.get("question") or {}
+    unit = str(q.get("unit") or "")
+    cell = (summary.get("cells") or [{}])[0]
+    how = (f"metric bisect of `{q.get('metric')}` at `{q.get('load_point')}` on {cell.get('label')}, minimum effect "
+           f"{100 * float(q.get('min_effect') or 0):g} %, {summary.get('server_starts', 0)} server starts, "
+           f"{len(summary.get('reused_starts') or [])} stored starts of the sweeps reused; run "
+           f"`{summary.get('run_id')}`")
+    ch = metric_regression(summary)
+    if ch is None:
+        out.append(f"- Brought by: not located ({how}). It found:")
+        out += [f"  - {line}" for line in cell_lines(cell, q)] or ["  - nothing settled."]
+        return out
+    out.append(f"- **Brought by** {commit_text(ch)}: `{q.get('metric')}` {_level(ch.get('before'), unit)} → "
+               f"{_level(ch.get('after'), unit)} ({_pct(ch.get('effect'))}, 95 % interval {_pct(ch.get('effect_low'))} "
+               f"to {_pct(ch.get('effect_high'))}), confidence {_confidence(ch)} ({how}).")
+    last = str(ch.get("last_before") or "")
+    out += ["", "| | commit | `" + str(q.get("metric")) + "` | server starts |", "|---|---|---|---|",
+            f"| before | `{last[:10]}` (last good) | {_level(ch.get('before'), unit)} | {ch.get('starts_before')} |",
+            (f"| after | `{(ch.get('commit') or {}).get('short')}` (first bad) | {_level(ch.get('after'), unit)} | "
+             f"{ch.get('starts_after')} |"),
+            f"| change | | {_pct(ch.get('effect'))} [{_pct(ch.get('effect_low'))}, {_pct(ch.get('effect_high'))}] | |"]
+    return out
+
+
 # ---- writing ----------------------------------------------------------------------------------
 
 def explained(runs: Sequence[RunDir], order: Sequence[str], more: tuple[pd.DataFrame, pd.DataFrame] | None = None
@@ -164,9 +225,11 @@ Explained = tuple[Explanation, pd.DataFrame, pd.DataFrame]
 
 def write_reports(run: RunDir, record: TriageRecord, runs: Sequence[RunDir], at_ends: Explained | None,  # noqa: PLR0913, PLR0917
                   summary: Mapping[str, Any] | None, extra: Mapping[str, AtCommit], chosen: Mapping[str, str], *,
-                  good: str, bad: str, runs_dir: str) -> list[Path]:
+                  good: str, bad: str, runs_dir: str, metric: Mapping[str, Mapping[str, Any]] | None = None
+                  ) -> list[Path]:
     """Every mode's Markdown under `reports/`, and `reports/triage.html`; the modes go into `record`.
-    `at_ends`: the explanation of `runs` (the sweeps at bad and good) with their samples and cells."""
+    `at_ends`: the explanation of `runs` (the sweeps at bad and good) with their samples and cells;
+    `metric`: per `expect:` mode, its metric bisect's summary (bisect.json)."""
     record.modes = []
     written: list[Path] = []
     pages: list[tuple[Mode, str]] = []
@@ -175,6 +238,10 @@ def write_reports(run: RunDir, record: TriageRecord, runs: Sequence[RunDir], at_
         keys = {str(c): str(k) for c, k in zip(cells["cell_id"], cells["settings_key"], strict=True)}
         for m in (m for m in explanation.modes if bad in m.commits):
             key = keys.get(chosen.get(m.mode, ""))
+            if is_expect_mode(m.mode):
+                pages.append(_metric_one(run, runs[0], m, (metric or {}).get(m.mode), (samples, cells, explanation),
+                                         good=good, bad=bad, runs_dir=runs_dir))
+                continue
             regression = brought_by(summary, m.mode, key)
             pages.append(_one(run, record, runs[0], m, regression, fix_of(summary, regression),
                               _cell_of(summary, key), (samples, cells, explanation), good=good, bad=bad,
@@ -233,6 +300,29 @@ def _one(run: RunDir, record: TriageRecord, source: RunDir, m: ModeExplanation, 
                 fixed_by=commit(fix), fails_at_bad=fails_at_bad), text
 
 
+def _metric_one(run: RunDir, source: RunDir, m: ModeExplanation, summary: Mapping[str, Any] | None,
+                data: tuple[pd.DataFrame, pd.DataFrame, Explanation], *, good: str, bad: str,
+                runs_dir: str) -> tuple[Mode, str]:
+    """A metric mode's perf bug report and its record entry."""
+    samples, cells, explanation = data
+    footer = (f"<sub>Generated by `sweep triage` (run `{run.run_id}`, phase `{source.run_id}`"
+              + (f", metric bisect `{summary.get('run_id')}`" if summary else "")
+              + f"); `sweep report {run.run_id}` shows the triage.</sub>")
+    text = issue_markdown(source, mode=m.mode, runs_dir=runs_dir, samples=samples, cells=cells,
+                          explanation=explanation, sections=metric_sections(m, summary, good=good, bad=bad),
+                          footer=footer)
+    ch = metric_regression(summary)
+    q = (summary or {}).get("question") or {}
+    brought = None if ch is None else {
+        **(ch.get("commit") or {}), "confidence": ch.get("confidence"), "metric": q.get("metric"),
+        "unit": q.get("unit"), "load_point": q.get("load_point"), "before": ch.get("before"), "after": ch.get("after"),
+        "effect": ch.get("effect"), "effect_low": ch.get("effect_low"), "effect_high": ch.get("effect_high"),
+        "bisect_run": (summary or {}).get("run_id")}
+    cell = ((summary or {}).get("cells") or [{}])[0]
+    return Mode(mode=m.mode, conjunction=m.conjunction if m.terms else None, explained_in=source.run_id,
+                cell=dict(cell.get("cell") or {}) or None, brought_by=brought, fails_at_bad=True), text
+
+
 # ---- reading back -----------------------------------------------------------------------------
 
 def _hours(seconds: float | None) -> str:
@@ -274,7 +364,12 @@ def summary_lines(record: TriageRecord) -> list[str]:
 
 
 def _commit_line(c: Mapping[str, Any]) -> str:
-    return f"{commit_text({'commit': c})}, confidence {_confidence(c)}"
+    size = ""
+    if c.get("metric"):
+        unit = str(c.get("unit") or "")
+        size = (f": {c['metric']} {_level(c.get('before'), unit)} → {_level(c.get('after'), unit)} "
+                f"({_pct(c.get('effect'))} [{_pct(c.get('effect_low'))}, {_pct(c.get('effect_high'))}])")
+    return f"{commit_text({'commit': c})}{size}, confidence {_confidence(c)}"
 
 
 def render_html(record: TriageRecord, texts: Sequence[str]) -> str:

@@ -7,8 +7,9 @@
     matrix_path, good, bad, good_sha, bad_sha, design ("covering:3", "full"), budget_h (or null)
     created, updated, final (false until every report is written)
     phases[]      in the order they run:
-      name          "bad", "good", "bisect", "at-<sha10>" (a sweep at a mode's first bad commit)
-      kind          "sweep" | "bisect"
+      name          "bad", "good", "bisect", "metric-bisect-N" (the N-th `expect:` mode's), "at-<sha10>"
+                    (a sweep at a mode's first bad commit)
+      kind          "sweep" | "bisect" | "metric-bisect"
       run_id        the phase's run under phases/ (`sweep report` reads it like any other run)
       status        "planned" | "done" | "skipped" (what a budget left undone: `note` says why)
       modelled_gpu_s  the cost model's figure before it ran (null: not modelled)
@@ -21,7 +22,10 @@
       conjunction   the explanation ("spec_method=mtp ∧ VLLM_USE_V2_MODEL_RUNNER=1"), or null
       explained_in  the phase whose samples the conjunction is read on
       cell          {axis: value} (commit aside) of the cell bisected for it, or null
-      brought_by    COMMIT (sweep-bisect/2) with `confidence`, or null
+      brought_by    COMMIT (sweep-bisect/2) with `confidence`, or null; for a mode of an `expect:` bound
+                    (bisected by the metric bisect, phase "metric-bisect-N") also `metric`, `unit`,
+                    `load_point`, `before`, `after`, `effect`, `effect_low`, `effect_high` (95 %) and
+                    `bisect_run` (keys added, same schema: older readers ignore them)
       fixed_by      COMMIT with `confidence`, or null
       fails_at_bad  whether it still fails at bad
       report        the Markdown file, relative to the triage run
