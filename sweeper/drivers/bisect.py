@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ from sweeper.drivers.bisect_evidence import (
     run_starts,
     server_starts,
 )
+from sweeper.drivers.probes_on_disk import probes_on_disk
 from sweeper.errors import BisectError, ConfigError, Interrupted, SweepError
 from sweeper.execute.choice import choose
 from sweeper.execute.executor import Executor, ExecutorFactory
@@ -76,7 +76,6 @@ from sweeper.store.run_folder import (
 )
 
 # A probe's group name: its number, then the commit (see Bisector._store).
-PROBE_NAME = re.compile(r"p(\d+)-")
 
 
 @dataclass(frozen=True)
@@ -185,21 +184,11 @@ class Bisector:
         self.labels = fm.check_labels(self.suite)
         self.case_checks = fm.case_checks(self.suite, self.labels)
         load_evidence(options.runs_dir, self.targets, self.suite, set(self.commits), self.labels, run.run_id)
-        probes = analysis.load_table(run, "probes")
-        # Numbered after every probe on disk: a run killed between a probe's results and its probe row
-        # keeps that start's results (they are evidence), and no new probe may take its name.
-        named = set(probes.column("group_id").to_pylist()) if probes.num_rows else set()
-        named |= run.done_groups()
-        self.probe_no = max((int(m.group(1)) for g in named if (m := PROBE_NAME.match(g))), default=0)
-        # Starts are the probes on disk, counted apart from the numbering: a start killed with its
-        # driver before anything was stored leaves its number unused, and is no evidence.
-        self.starts = sum(1 for g in named if PROBE_NAME.match(g))
-        self.round = int(pc.max(probes["round"]).as_py() or 0) if probes.num_rows else 0
+        done = probes_on_disk(run)
+        self.probe_no, self.starts, self.round = done.last_number, done.starts, done.rounds
         # The budget of the whole run: what earlier invocations of a resumed run spent counts.
-        spent = float(pc.sum(probes["gpu_seconds"]).as_py() or 0.0) if probes.num_rows else 0.0
-        self.ledger = Ledger.of_hours(options.budget_h, spent_s=spent)
-        # Commits this run has installed (a later start there pays no install).
-        self.installed = set(probes.column("commit_sha").to_pylist()) if probes.num_rows else set()
+        self.ledger = Ledger.of_hours(options.budget_h, spent_s=done.gpu_seconds)
+        self.installed = set(done.installed)
         self.profile = cost.profile_for(self.matrix.spec, stated_profile(self.matrix.spec))
 
     # ---- the searches -----------------------------------------------------------------

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ import pyarrow.parquet as pq
 
 from sweeper.bisect.metric_search import MetricObservation, MetricReport, MetricSearch, MetricSearchOptions
 from sweeper.bisect.select import select_cell, select_cells
+from sweeper.drivers.probes_on_disk import PROBE_NAME, probes_on_disk
 from sweeper.errors import BisectError, ConfigError, Interrupted, SweepError
 from sweeper.execute.choice import choose
 from sweeper.execute.executor import Executor, ExecutorFactory
@@ -64,7 +64,6 @@ from sweeper.store.metrics_table import METRICS_SCHEMA
 from sweeper.store.run_folder import PROBE_SCHEMA, RunDir, new_run_id, now_utc, open_run, table
 
 # A probe's group name: its number, then the commit (as the failure bisect names its probes).
-PROBE_NAME = re.compile(r"p(\d+)-")
 # Starts at one commit that gave no valid figures before the commit counts as untestable for the cell:
 # a server that keeps stalling or crashing in its load phase there would otherwise be asked for forever.
 MAX_INVALID = 3
@@ -333,16 +332,10 @@ class MetricBisector:
             t.rows.append(row)
         for t, row in own_rows(run, targets, point, self.metric):
             t.rows.append(row)
-        probes = analysis.load_table(run, "probes")
-        named = set(probes.column("group_id").to_pylist()) if probes.num_rows else set()
-        named |= run.done_groups()
-        # Numbered after every probe on disk (a probe stored without its probe row keeps its number).
-        self.probe_no = max((int(m.group(1)) for g_ in named if (m := PROBE_NAME.match(g_))), default=0)
-        self.starts = sum(1 for g_ in named if PROBE_NAME.match(g_))
-        self.round = int(pc.max(probes["round"]).as_py() or 0) if probes.num_rows else 0
-        spent = float(pc.sum(probes["gpu_seconds"]).as_py() or 0.0) if probes.num_rows else 0.0
-        self.ledger = Ledger.of_hours(options.budget_h, spent_s=spent)
-        self.installed = set(probes.column("commit_sha").to_pylist()) if probes.num_rows else set()
+        done = probes_on_disk(run)
+        self.probe_no, self.starts, self.round = done.last_number, done.starts, done.rounds
+        self.ledger = Ledger.of_hours(options.budget_h, spent_s=done.gpu_seconds)
+        self.installed = set(done.installed)
 
     # ---- the searches ------------------------------------------------------------------------
 

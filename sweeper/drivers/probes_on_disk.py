@@ -1,0 +1,41 @@
+"""What a bisect run has already probed, read back from its folder: how its probes are numbered, how
+many server starts it made, its rounds, the GPU time they took and the commits it installed. The
+failure bisect and the metric bisect resume from it alike."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import pyarrow.compute as pc
+
+from sweeper.store import frames
+from sweeper.store.run_folder import RunDir
+
+# A probe's group name: `p0007-<short sha>`.
+PROBE_NAME = re.compile(r"p(\d+)-")
+
+
+@dataclass(frozen=True)
+class ProbesOnDisk:
+    last_number: int  # the highest probe number on disk: a new probe takes the next one
+    starts: int  # server starts stored
+    rounds: int
+    gpu_seconds: float
+    installed: frozenset[str]  # commits this run installed (a later start there pays no install)
+
+
+def probes_on_disk(run: RunDir) -> ProbesOnDisk:
+    probes = frames.load_table(run, "probes")
+    # Numbered after every probe on disk: a run killed between a probe's results and its probe row
+    # keeps that start's results (they are evidence), and no new probe may take its name.
+    named = set(probes.column("group_id").to_pylist()) if probes.num_rows else set()
+    named |= run.done_groups()
+    numbers = [int(m.group(1)) for g in named if (m := PROBE_NAME.match(g))]
+    # Starts are the probes on disk, counted apart from the numbering: a start killed with its driver
+    # before anything was stored leaves its number unused, and is no evidence.
+    return ProbesOnDisk(
+        last_number=max(numbers, default=0), starts=len(numbers),
+        rounds=int(pc.max(probes["round"]).as_py() or 0) if probes.num_rows else 0,
+        gpu_seconds=float(pc.sum(probes["gpu_seconds"]).as_py() or 0.0) if probes.num_rows else 0.0,
+        installed=frozenset(probes.column("commit_sha").to_pylist()) if probes.num_rows else frozenset())
