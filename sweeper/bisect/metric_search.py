@@ -54,8 +54,9 @@ asked about); with none, and neither a located change nor "no change" at the con
 commit and gap is a candidate. A gap is done when it is that unlikely to hold one; or it lies between
 neighbouring testable commits and its change holds at `settle` (0.9995 for a confidence of 0.99; at every
 between-start spread the data leave credible, with `robust_spread`) with `side_starts` on both sides; or
-both its commits are at `max_starts_per_commit` ("stuck": the search ends undecided, with what is left
-to learn there). Settling twenty times surer than the confidence is what keeps claims at it honest: a
+both its commits are at `max_starts_per_commit` ("stuck": then the nearest probed commits of the
+segments on either side get starts, up to as many as the two hold, since what is left to learn is each
+side's level; after that the search ends undecided). Settling twenty times surer than the confidence is what keeps claims at it honest: a
 search that samples two commits until their step crosses 0.99 crosses it by chance now and then where
 there is none (optional stopping). The search is done when every gap is, and a change was settled, a
 drift flagged, or P(no change of min_effect or more) reached the confidence; or when the limits
@@ -108,6 +109,10 @@ DRIFT_MARGIN_LONG = 0.0  # ... of 3 or more steps
 DRIFT_MARGIN_LONE = 2.0  # ... over a lone step the search can do no more on
 DRIFT_INSIDE = 2  # probed commits strictly inside a ramp
 DRIFT_STARTS = 2  # starts a probed commit in the window, on average
+# A located change stuck short of `settle` with both its commits at their cap: starts at the nearest
+# `SEGMENT_NEAR` probed commits of either side, while they hold under `SEGMENT_FACTOR` times the two's.
+SEGMENT_NEAR = 3
+SEGMENT_FACTOR = 1.0
 SPREAD_FLOOR = 0.05  # a gap holding this much of a change counts in a run of small steps
 SPREAD_SUM = 0.8  # a run of such gaps holding this much in all is a change of the drift check
 # The bounds offered for "no change larger than X": multiples of min_effect.
@@ -256,6 +261,7 @@ class MetricReport:
     bound: float | None  # the smallest X with P(no change larger than X) >= confidence, if any
     bound_confidence: float
     spread: float  # between-start spread (posterior mean, relative)
+    overall: float  # the level's change from the first probed commit to the last (relative)
     done: bool
     to_decide_starts: int  # about how many more starts would decide what is open
     rounds: int
@@ -273,14 +279,22 @@ class MetricReport:
             lines.append(f"{c.kind} at {where}: {c.value_before:.4g} → {c.value_after:.4g} ({c.effect:+.1%}, "
                          f"95 % interval {c.effect_low:+.1%} to {c.effect_high:+.1%}), confidence {c.confidence:.3f}"
                          + ("" if c.found else " (not settled)"))
+        for c in self.small_changes:
+            if c.found:
+                lines.append(f"a step under the minimum effect at {c.commit}: {c.value_before:.4g} → {c.value_after:.4g} "
+                             f"({c.effect:+.1%}, 95 % interval {c.effect_low:+.1%} to {c.effect_high:+.1%}), "
+                             f"confidence {c.confidence:.3f}")
         for d in self.drifts:
             lines.append(f"drift from {d.first} to {d.last}: {d.value_from:.4g} → {d.value_to:.4g} "
                          f"({d.effect:+.1%}); no single commit made it")
         if not any(c.found for c in self.changes):
             if self.bound is not None:
                 lines.append(f"no change larger than {self.bound:.1%} (confidence {self.bound_confidence:.3f})")
-            if self.verdict == Verdict.UNDECIDED:
+            if self.verdict == Verdict.UNDECIDED and self.to_decide_starts:
                 lines.append(f"undecided: about {self.to_decide_starts} more starts would decide it")
+            elif self.verdict == Verdict.UNDECIDED:
+                lines.append(f"undecided: the level moves {self.overall:+.1%} over the range, and no step of "
+                             f"{self.min_effect:.1%} or more, nor a drift, was located")
         return lines
 
 
@@ -556,7 +570,7 @@ class MetricSearch:
         means = post.level_mean
         rises = {a: means[a + 1] > means[a] for a in cands}
         xs, ys, ws = self._point_values(post)
-        out = []
+        out: list[tuple[int, int, float, float, float]] = []
         groups: list[list[int]] = []
         for a in cands:
             if groups and rises[a] == rises[groups[-1][-1]] and not any(groups[-1][-1] < c < a for c in confirmed):
@@ -565,25 +579,38 @@ class MetricSearch:
                 groups.append([a])
         all_cuts = sorted([*cands, *confirmed])
         for g in groups:
-            lone = len(g) == 1
-            if lone and not self._lone_stuck(post, g[0]):
+            if len(g) == 1 and not self._lone_stuck(post, g[0]):
                 continue
-            before = [c for c in all_cuts if c < g[0]]
-            after = [c for c in all_cuts if c > g[-1]]
-            lo = before[-1] + 1 if before else 0
-            hi = after[0] + 1 if after else len(post.points)
-            if hi - lo < DRIFT_MIN_POINTS:
-                continue
-            cuts = [a + 1 - lo for a in g]
-            margin, first, last, r_a, r_b = _ramp_margin(xs[lo:hi], ys[lo:hi], ws[lo:hi], cuts)
-            need = DRIFT_MARGIN_LONE if lone else DRIFT_MARGIN_RUN if len(g) == 2 else DRIFT_MARGIN_LONG
-            # A ramp has probed commits on it (one between two steps' commits is a step in doubt), and
-            # its window two starts a commit or more: a commit of one start can be an outlier that a
-            # ramp fits and a staircase does not (a 18 % step was once called a drift after 12 starts).
-            starts = sum(len(self._y[post.points[q]]) for q in range(lo, hi))
-            if margin >= need and last - first - 1 >= DRIFT_INSIDE and starts >= DRIFT_STARTS * (hi - lo):
-                out.append((lo + first, lo + last, r_a, r_b, margin))
+            # Every stretch of the run's steps (a step of chance beside a ramp joins its run, and the
+            # ramp fits the whole run worse than a staircase); the stretches that a ramp fits, best first.
+            found = sorted((d for i in range(len(g)) for j in range(i + 1 if len(g) == 1 else i + 2, len(g) + 1)
+                            if (d := self._drift_over(post, g[i:j], all_cuts, xs, ys, ws)) is not None),
+                           key=lambda d: -d[4])
+            for d in found:
+                if not any(d[0] < o[1] and o[0] < d[1] for o in out):
+                    out.append(d)
         return out
+
+    def _drift_over(self, post: MetricPosterior, steps: list[int], all_cuts: list[int], xs: FloatArray,
+                    ys: FloatArray, ws: FloatArray) -> tuple[int, int, float, float, float] | None:
+        """A ramp over these same-direction steps (gap numbers), if it beats their staircase, in the
+        window between the steps around them."""
+        before = [c for c in all_cuts if c < steps[0]]
+        after = [c for c in all_cuts if c > steps[-1]]
+        lo = before[-1] + 1 if before else 0
+        hi = after[0] + 1 if after else len(post.points)
+        if hi - lo < DRIFT_MIN_POINTS:
+            return None
+        cuts = [a + 1 - lo for a in steps]
+        margin, first, last, r_a, r_b = _ramp_margin(xs[lo:hi], ys[lo:hi], ws[lo:hi], cuts)
+        need = DRIFT_MARGIN_LONE if len(steps) == 1 else DRIFT_MARGIN_RUN if len(steps) == 2 else DRIFT_MARGIN_LONG
+        # A ramp has probed commits on it (one between two steps' commits is a step in doubt), and its
+        # window two starts a commit or more: a commit of one start can be an outlier that a ramp fits
+        # and a staircase does not (an 18 % step was once called a drift after 12 starts).
+        starts = sum(len(self._y[post.points[q]]) for q in range(lo, hi))
+        if margin >= need and last - first - 1 >= DRIFT_INSIDE and starts >= DRIFT_STARTS * (hi - lo):
+            return lo + first, lo + last, r_a, r_b, margin
+        return None
 
     def _lone_stuck(self, post: MetricPosterior, a: int) -> bool:
         lo, hi = post.points[a], post.points[a + 1]
@@ -624,15 +651,43 @@ class MetricSearch:
         if self.starts == 0:
             return True  # both endpoints untestable
         st = self._state()
-        if self._open(st) or self._side_needs(st):
+        if self._open(st) or self._side_needs(st) or self._segment_needs(st):
             return False
-        # A change located but stuck short of the confidence (its commits at their cap) ends the search
-        # undecided: what is left to learn is there, not elsewhere.
+        # A change located but stuck short of `settle` (its commits and its segments' at their caps) ends
+        # the search undecided: what is left to learn is there, not elsewhere.
         stuck = any(g.status == "stuck" for g in st.gaps)
         return st.confirmed or stuck or bool(st.drifts) or st.quiet or not self._any_testable()
 
     def _any_testable(self) -> bool:
         return any(self._testable(i) for i in range(len(self.commits)))
+
+    def _segment_needs(self, st: _State) -> dict[int, int]:
+        """A located change in doubt with both its commits at their cap: one more start at each of the
+        least-started probed commits of the segments on either side (of the nearest `SEGMENT_NEAR` each),
+        while those segments hold fewer starts than `SEGMENT_FACTOR` times the two commits'. What is left
+        to learn there is each side's level: a step between two commits of one level, pushed up by
+        chance, is pulled down by its neighbours' starts, and a real one is settled by them."""
+        need: dict[int, int] = {}
+        pts = st.post.points
+        cuts = [g.a for g in st.gaps if g.p > 0.5 or g.status == "drift"]
+        for g in st.gaps:
+            if g.status != "stuck":
+                continue
+            left = [c for c in cuts if c < g.a]
+            right = [c for c in cuts if c > g.a]
+            first = left[-1] + 1 if left else 0
+            last = right[0] if right else len(pts) - 1
+            sides = ([pts[q] for q in range(g.a - 1, first - 1, -1)][:SEGMENT_NEAR],
+                     [pts[q] for q in range(g.a + 2, last + 1)][:SEGMENT_NEAR])
+            held = sum(len(self._y[i]) for side in sides for i in side)
+            if held >= SEGMENT_FACTOR * (len(self._y[g.lo]) + len(self._y[g.hi])):
+                continue
+            for side in sides:
+                free = [i for i in side if self._testable(i) and not self._in_flight[i]]
+                if free:
+                    i = min(free, key=lambda x: (len(self._y[x]), abs(x - g.lo)))
+                    need[i] = 1
+        return need
 
     def _side_needs(self, st: _State) -> dict[int, int]:
         """A likely change located between neighbouring commits wants `side_starts` on each side."""
@@ -666,11 +721,12 @@ class MetricSearch:
                 values[i] = math.inf
         if not plan and self.starts > 0:
             st = self._state()
-            for i, n in sorted(self._side_needs(st).items()):
-                take = min(n, k - sum(plan.values()))
-                if take > 0 and not self._in_flight[i]:
-                    plan[i] += take
-                    values[i] = math.inf
+            for needs in (self._side_needs(st), self._segment_needs(st)):
+                for i, n in sorted(needs.items()):
+                    take = min(n, k - sum(plan.values()))
+                    if take > 0 and not self._in_flight[i]:
+                        plan[i] += take
+                        values[i] = math.inf
             if sum(plan.values()) < k and not self.done:
                 self._fill(st, k, plan, values)
         reqs = [MetricProbe(self.commits[i], i, n, values.get(i, 0.0)) for i, n in sorted(plan.items()) if n > 0]
@@ -730,7 +786,7 @@ class MetricSearch:
         o = self.options
         if self.starts == 0:
             return MetricReport(Verdict.UNDECIDED, (), (), (), o.min_effect, o.confidence, 0.0, None, 0.0, 0.0,
-                                self.done, 0, self.rounds, 0, self.gpu_s, self._skip_list())
+                                0.0, self.done, 0, self.rounds, 0, self.gpu_s, self._skip_list())
         st = self._state()
         post = st.post
         changes: list[MetricChange] = []
@@ -763,7 +819,8 @@ class MetricSearch:
         done = self.done
         to_decide = 0 if (done and verdict != Verdict.UNDECIDED) else self._to_decide(st)
         return MetricReport(verdict, tuple(changes), tuple(small), tuple(self.drifts()), o.min_effect, o.confidence,
-                            post.no_material, bound, bound_conf, math.expm1(post.tau), done, to_decide, self.rounds,
+                            post.no_material, bound, bound_conf, math.expm1(post.tau),
+                            math.expm1(float(post.level_mean[-1] - post.level_mean[0])), done, to_decide, self.rounds,
                             self.starts, self.gpu_s, self._skip_list())
 
     def _skip_list(self) -> tuple[tuple[str, str], ...]:
