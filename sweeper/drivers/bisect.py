@@ -46,7 +46,7 @@ from sweeper.drivers.bisect_evidence import (
     run_starts,
     server_starts,
 )
-from sweeper.drivers.probes_on_disk import probes_on_disk
+from sweeper.drivers.probes_on_disk import as_probe, budget_record, probes_on_disk
 from sweeper.errors import BisectError, ConfigError, Interrupted, SweepError
 from sweeper.execute.choice import choose
 from sweeper.execute.executor import Executor, ExecutorFactory
@@ -309,8 +309,8 @@ class Bisector:
         name = f"p{probe_no:04d}-{sha[:10]}"
         # One probe is one server start: its rows carry the probe's name, so stored evidence keeps
         # repeated starts of one server key apart (per-start variation is learned from them).
-        samples_t = _with_group(result.samples, name)
-        cells_t = _with_group(result.cells, name)
+        samples_t = as_probe(result.samples, name)
+        cells_t = as_probe(result.cells, name)
         # Log, samples and cells first, the probe rows last: a probe row means its samples are on disk.
         if result.log:
             self.run.write_log(name, result.log_text())
@@ -370,16 +370,10 @@ class Bisector:
                         "reused_samples": self.reused_samples(), "reused_starts": self.reused_starts(),
                         "issue_run": self.from_run or self.run.run_id, "gpu_seconds": self.gpu_seconds,
                         "sweeper": __version__, "updated": now_utc().isoformat()})
-        if self.options.budget_h is not None:
-            summary["budget"] = {"gpu_hours": self.options.budget_h, "spent_gpu_hours": self.gpu_seconds / 3600.0,
-                                 "exhausted": self.ledger.exhausted}
+        if (budget := budget_record(self.options.budget_h, self.ledger)) is not None:
+            summary["budget"] = budget
         self.run.write_json("bisect.json", summary)
         return summary
-
-
-def _with_group(tbl: pa.Table, name: str) -> pa.Table:
-    i = tbl.schema.get_field_index("group_id")
-    return tbl.set_column(i, tbl.schema.field(i), pa.array([name] * tbl.num_rows, pa.string()))
 
 
 def run_bisect(scope: BisectScope, options: BisectOptions | None = None, *,

@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 
 from sweeper.bisect.metric_search import MetricObservation, MetricReport, MetricSearch, MetricSearchOptions
 from sweeper.bisect.select import select_cell, select_cells
-from sweeper.drivers.probes_on_disk import PROBE_NAME, probes_on_disk
+from sweeper.drivers.probes_on_disk import PROBE_NAME, as_probe, budget_record, probes_on_disk
 from sweeper.errors import BisectError, ConfigError, Interrupted, SweepError
 from sweeper.execute.choice import choose
 from sweeper.execute.executor import Executor, ExecutorFactory
@@ -406,7 +406,7 @@ class MetricBisector:
     def _store(self, job: GroupJob, result: GroupResult, probe_no: int, target: MetricTarget) -> list[str]:
         sha = job.sha or job.group.head.commit
         name = f"p{probe_no:04d}-{sha[:10]}"
-        samples, cells, metrics = (_with_group(tbl, name) for tbl in (result.samples, result.cells, result.metrics))
+        samples, cells, metrics = (as_probe(tbl, name) for tbl in (result.samples, result.cells, result.metrics))
         # Log and the group's files first, the probe row last: a probe row means its results are on disk.
         if result.log:
             self.run.write_log(name, result.log_text())
@@ -476,16 +476,10 @@ class MetricBisector:
         summary.update({"run_id": self.run.run_id, "final": final, "rounds": self.round, "server_starts": self.starts,
                         "invalid_starts": self.invalid_starts(), "reused_starts": self.reused_starts(),
                         "gpu_seconds": self.gpu_seconds, "sweeper": SWEEPER_VERSION, "updated": now_utc().isoformat()})
-        if self.options.budget_h is not None:
-            summary["budget"] = {"gpu_hours": self.options.budget_h, "spent_gpu_hours": self.gpu_seconds / 3600.0,
-                                 "exhausted": self.ledger.exhausted}
+        if (budget := budget_record(self.options.budget_h, self.ledger)) is not None:
+            summary["budget"] = budget
         self.run.write_json("bisect.json", summary)
         return summary
-
-
-def _with_group(tbl: pa.Table, name: str) -> pa.Table:
-    i = tbl.schema.get_field_index("group_id")
-    return tbl.set_column(i, tbl.schema.field(i), pa.array([name] * tbl.num_rows, pa.string()))
 
 
 def _with_repo(matrix: Matrix, repo: str | None) -> Matrix:

@@ -7,8 +7,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
+from sweeper.plan.budget import Ledger
 from sweeper.store import frames
 from sweeper.store.run_folder import RunDir
 
@@ -39,3 +41,17 @@ def probes_on_disk(run: RunDir) -> ProbesOnDisk:
         rounds=int(pc.max(probes["round"]).as_py() or 0) if probes.num_rows else 0,
         gpu_seconds=float(pc.sum(probes["gpu_seconds"]).as_py() or 0.0) if probes.num_rows else 0.0,
         installed=frozenset(probes.column("commit_sha").to_pylist()) if probes.num_rows else frozenset())
+
+
+def as_probe(tbl: pa.Table, name: str) -> pa.Table:
+    """A probe's result rows under the probe's name: stored evidence keeps repeated starts of one
+    server key apart (per-start variation is learned from them)."""
+    i = tbl.schema.get_field_index("group_id")
+    return tbl.set_column(i, tbl.schema.field(i), pa.array([name] * tbl.num_rows, pa.string()))
+
+
+def budget_record(budget_h: float | None, ledger: Ledger) -> dict[str, object] | None:
+    """What `bisect.json` says of a `--budget` (None without one)."""
+    if budget_h is None:
+        return None
+    return {"gpu_hours": budget_h, "spent_gpu_hours": ledger.spent_s / 3600.0, "exhausted": ledger.exhausted}
