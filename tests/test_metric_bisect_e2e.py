@@ -161,11 +161,14 @@ def test_starts_without_a_valid_figure_are_no_evidence_and_make_their_commit_unt
     assert code == 0, err
     assert "invalid, not evidence: the server exited during the load phase" in err
     (cell,) = verdict(tmp_path, "b")["cells"]
-    # Asked for in rounds of several starts: the commit is given up once a round ends with 3 or more.
-    assert cell["invalid_starts"] >= 3 and cell["verdict"] != "changes"
+    # Every start's engine died with one root cause (the simulator's traceback): the release's, so the
+    # commit is given up after MAX_SAME_CRASH starts, not MAX_INVALID.
+    assert cell["invalid_starts"] == 2 and cell["verdict"] != "changes"
     ((sha, why),) = cell["skipped"]
-    assert sha == bad and why.startswith(f"{cell['invalid_starts']} starts gave no valid mean_tpot_ms: the server "
-                                         "exited during the load phase")
+    assert sha == bad and why.startswith("the engine crashed in 2 starts (") and "vllm/" in why, why
+    metrics = pd.read_parquet(tmp_path / "runs" / "b" / "metrics")
+    reasons = set(metrics[metrics["commit_sha"] == bad]["invalid_reason"])
+    assert len(reasons) >= 1 and all("; the engine crashed: " in r for r in reasons), reasons
     probes = pd.read_parquet(tmp_path / "runs" / "b" / "probes")
     assert (probes[probes["commit_sha"] == bad]["status"] == "invalid").sum() == cell["invalid_starts"]
     assert shas["v0.27.0"] in set(probes["commit_sha"])

@@ -255,6 +255,40 @@ def test_an_untestable_commit_is_never_asked_for_again():
     assert MetricObservation(f"c{at}", skip_reason="install failed") in search.observations
 
 
+def _drive_skipping(search: MetricSearch, start, untestable: set[int]) -> None:
+    for _ in range(200):
+        if search.done:
+            break
+        for r in search.ask(4):
+            for _ in range(r.starts):
+                if r.index in untestable:
+                    search.tell_skip(r.commit, "engine crashed")
+                else:
+                    search.tell(r.commit, *start(r.index))
+
+
+def test_an_untestable_good_end_moves_the_comparison_to_the_next_testable_commit():
+    """A release whose engine crashes with the cell's settings is no level: the range is measured from
+    the first commit that serves, and one measured commit alone is never "no change"."""
+    n = 6
+    search = MetricSearch(commits(n))
+    _drive_skipping(search, scripted(lambda i: 50.0 * (0.85 if i >= 4 else 1.0)), {0, 1})
+    report = search.result()
+    assert report.skipped == (("c0", "engine crashed"), ("c1", "engine crashed"))
+    (change,) = report.changes
+    assert change.commit == "c4" and change.found and change.before_commit == "c3"
+    assert len(search._y[2]) >= 2  # the first testable commit is an end, with the ends' starts
+
+    quiet = MetricSearch(commits(n))
+    _drive_skipping(quiet, scripted(lambda i: 50.0), {0})
+    assert quiet.result().verdict.value == "no_change" and len(quiet._y[1]) >= 2
+
+    alone = MetricSearch(commits(2))  # c0, c1, c2
+    _drive_skipping(alone, scripted(lambda i: 50.0), {0, 1})
+    report = alone.result()
+    assert alone.done and report.verdict.value == "undecided" and report.changes == ()
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"min_effect": 0.0}, "min_effect"),
     ({"min_effect": 3.0}, "min_effect"),

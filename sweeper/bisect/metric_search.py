@@ -630,14 +630,27 @@ class MetricSearch:
                 or (o.max_rounds is not None and self.rounds >= o.max_rounds)
                 or (o.max_gpu_s is not None and self.gpu_s >= o.max_gpu_s))
 
+    def _ends(self) -> tuple[int, int] | None:
+        """The commits measured as the range's ends: good and bad, or where one proved untestable (a
+        release whose engine crashes with these settings), the nearest testable commit inside. None when
+        fewer than two commits are left to compare."""
+        left = next((i for i in range(len(self.commits)) if i not in self._skipped), None)
+        right = next((i for i in reversed(range(len(self.commits))) if i not in self._skipped), None)
+        if left is None or right is None or left >= right:
+            return None
+        return left, right
+
     def _endpoint_needs(self) -> dict[int, int]:
-        need = {}
-        for i in (0, len(self.commits) - 1):
-            if i not in self._skipped:
-                short = self.options.endpoint_starts - len(self._y[i]) - self._in_flight[i]
-                if short > 0:
-                    need[i] = short
+        need: dict[int, int] = {}
+        for i in self._ends() or ():
+            short = self.options.endpoint_starts - len(self._y[i]) - self._in_flight[i]
+            if short > 0:
+                need[i] = short
         return need
+
+    def _compared(self) -> bool:
+        """Two commits of the range hold starts: only then can a level be said to move or not."""
+        return sum(1 for v in self._y if v) >= 2
 
     def _open(self, st: _State) -> list[_Gap]:
         return [g for g in st.gaps if g.status in ("split", "doubt")]
@@ -648,8 +661,8 @@ class MetricSearch:
             return True
         if self._endpoint_needs():
             return False
-        if self.starts == 0:
-            return True  # both endpoints untestable
+        if self._ends() is None or not self._compared():
+            return True  # fewer than two testable commits: nothing to compare
         st = self._state()
         if self._open(st) or self._side_needs(st) or self._segment_needs(st):
             return False
@@ -784,7 +797,7 @@ class MetricSearch:
 
     def result(self) -> MetricReport:
         o = self.options
-        if self.starts == 0:
+        if not self._compared():
             return MetricReport(Verdict.UNDECIDED, (), (), (), o.min_effect, o.confidence, 0.0, None, 0.0, 0.0,
                                 0.0, self.done, 0, self.rounds, 0, self.gpu_s, self._skip_list())
         st = self._state()

@@ -43,6 +43,7 @@ from sweeper.install.history import History, history_for
 from sweeper.install.portable import portable_spec, repo_source
 from sweeper.install.registry import stated_profile
 from sweeper.install.repository import repo_for
+from sweeper.judge import serving
 from sweeper.judge.metric_names import METRICS, SPEC_DECODE, MetricName
 from sweeper.plan import cost
 from sweeper.plan.budget import Ledger
@@ -67,6 +68,10 @@ from sweeper.store.run_folder import PROBE_SCHEMA, RunDir, new_run_id, now_utc, 
 # Starts at one commit that gave no valid figures before the commit counts as untestable for the cell:
 # a server that keeps stalling or crashing in its load phase there would otherwise be asked for forever.
 MAX_INVALID = 3
+# Starts whose engine died with the same failure signature (vLLM's own root cause, such as "TypeError in
+# vllm/...") before the commit counts as untestable: a crash repeated with one cause is the release, not
+# the machine; a one-off crash (a killed process, an OOM) still gets MAX_INVALID tries.
+MAX_SAME_CRASH = 2
 # The bench settings two stored rows must share to be starts of the same measurement.
 BENCH_COLUMNS = ("dataset", "endpoint", "input_len", "output_len", "num_prompts", "num_warmups", "seed",
                  "temperature")
@@ -112,11 +117,11 @@ def parse_min_effect(text: str) -> float:
     return value / 100.0
 
 
-def metric_of(name: str) -> MetricName:
+def metric_of(name: str, flag: str = "--metric") -> MetricName:
     """A figure the bench measures and a bisect may follow (`METRICS`), or one line naming them."""
     found = METRICS.get(name)
     if found is None:
-        raise ConfigError(f"unknown metric {name!r}; expected one of: {', '.join(METRICS)}", key="--metric")
+        raise ConfigError(f"unknown metric {name!r}; expected one of: {', '.join(METRICS)}", key=flag)
     return found
 
 
@@ -182,6 +187,7 @@ class StartRow:
     invalid: str | None = None
     skip: str | None = None
     reused: bool = False
+    crash: str | None = None  # the failure signature of an engine that died in this start
 
 
 @dataclass
@@ -201,10 +207,14 @@ class MetricTarget:
         rows = sorted(self.rows, key=lambda r: (not r.reused, r.key))
         out = [MetricObservation(r.commit, r.value, r.se) for r in rows if r.invalid is None and r.skip is None]
         invalid = Counter(r.commit for r in rows if r.invalid is not None)
+        crashes = Counter((r.commit, r.crash) for r in rows if r.invalid is not None and r.crash)
         skips: dict[str, str] = {}
         for r in rows:
             if r.skip is not None:
                 skips.setdefault(r.commit, r.skip)
+        for (sha, signature), n in crashes.items():
+            if n >= MAX_SAME_CRASH and sha not in skips:
+                skips[sha] = f"the engine crashed in {n} starts ({signature})"
         for sha, n in invalid.items():
             if n >= MAX_INVALID and sha not in skips:
                 last = next(r.invalid for r in reversed(rows) if r.commit == sha and r.invalid)
@@ -259,7 +269,8 @@ def own_rows(run: RunDir, targets: Sequence[MetricTarget], point: LoadPoint,
     """The starts this run's probes stored (a resumed run): each probe's metrics row for its cell, or its
     cells row's status when it never benched."""
     by_key = {t.settings_key: t for t in targets}
-    cells = analysis.load_table(run, "cells", ["group_id", "settings_key", "commit_sha", "status", "status_detail"])
+    cells = analysis.load_table(run, "cells", ["group_id", "settings_key", "commit_sha", "status", "status_detail",
+                                             "failure_signature"])
     metrics: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for path in run.files("metrics"):
         for r in pq.read_table(path, filesystem=run.fs, schema=METRICS_SCHEMA).to_pylist():
@@ -284,10 +295,12 @@ def _start_rows(run_id: str, cell_row: dict[str, Any], metric_rows: list[dict[st
             return [StartRow((run_id, group, 0), sha, invalid="the start returned no metrics row")]
         return [StartRow((run_id, group, 0), sha,
                          skip=f"{cell_row['status']}: {cell_row.get('status_detail') or ''}".strip(": "))]
+    died = (cell_row.get("failure_signature") or None) if cell_row["status"] == Status.CRASHED else None
     out = []
     for r in metric_rows:
         value, se, why = row_value(r, metric)
-        out.append(StartRow((run_id, group, int(r["start"] or 0)), sha, value, se, invalid=why))
+        crash = (serving.crash_of(r.get("invalid_reason")) or died) if why is not None else None
+        out.append(StartRow((run_id, group, int(r["start"] or 0)), sha, value, se, invalid=why, crash=crash))
     return out
 
 
@@ -323,8 +336,10 @@ class MetricBisector:
         assert self.spec.bench is not None
         self.bench = self.spec.bench
         self.profile = cost.profile_for(matrix.spec, stated_profile(matrix.spec))
-        g = matrix.spec.gpus_per_cell
         # One start's modelled price: the server start and its one load phase; an install the first time.
+        # A cell without GPUs (a CPU build) still holds one of the executor's slots: priced per slot-second.
+        g = matrix.spec.gpus_per_cell or 1.0
+        self.uses_gpus = matrix.spec.gpus_per_cell > 0  # what a GPU-hour budget counts
         self.start_s = g * (self.profile.start_s + cost.load_phase_seconds(self.bench, self.profile))
         self.install_s = g * self.profile.install_s if matrix.spec.install.kind != "preinstalled" else 0.0
         for t, row in stored_rows(options.runs_dir, targets, set(commits), point=point, bench=self.bench,
@@ -374,6 +389,8 @@ class MetricBisector:
     def afford(self, plan: list[tuple[MetricTarget, str]]) -> list[tuple[MetricTarget, str]]:
         """The longest prefix of the plan the budget covers, by the cost model."""
         def price(prefix: Sequence[tuple[MetricTarget, str]]) -> float:
+            if not self.uses_gpus:
+                return 0.0
             seen, total = set(self.installed), 0.0
             for _, sha in prefix:
                 total += self.start_s + (self.install_s if sha not in seen else 0.0)

@@ -26,9 +26,11 @@ from sweeper.errors import ServerError
 from sweeper.execute import server_metrics
 from sweeper.execute.load import CHAT, COMPLETIONS, Pace, PhaseOutcome, Prompt, run_load_sync
 from sweeper.judge import serving
+from sweeper.judge.verdict import NO_TRACEBACK
 from sweeper.spec.bench import BenchSpec, JsonlDataset, LoadPoint
 from sweeper.spec.matrix import Cell, canonical
 from sweeper.spec.suite import Suite, expand
+from sweeper.vllm import crash
 
 # After a load point with failed requests: how long a server is given to exit (a dead engine's API server
 # answers 500, then exits: its reason is the exit, not the failures).
@@ -70,6 +72,8 @@ class Target:
     deadline: float | None = None
     # The model's folder when it is one (the matrix's `model`): random token ids stay inside its tokenizer.
     model_dir: str | None = None
+    # The server's log so far: an invalid load point whose engine died names vLLM's root cause.
+    log_text: Callable[[], str] | None = None
 
 
 @dataclass
@@ -257,6 +261,8 @@ def _point(bench: BenchSpec, cell: Cell, point: LoadPoint, prompts: Sequence[Pro
     spec, problem = _spec_decode(scrapes.get("before"), after, expected=cell.spec_method != "none")
     reason = serving.judge_phase(outcome.records, stopped=outcome.stopped, alive=still_alive,
                                  metrics_problem=problem)
+    if reason is not None and target.log_text is not None:
+        reason = _with_root_cause(reason, target.log_text())
     return {
         **info.common(cell), "vllm_version": info.version, "start": info.start, "startup_s": info.startup_s,
         **_point_columns(bench, point), "warmups_failed": outcome.warmups_failed,
@@ -264,6 +270,15 @@ def _point(bench: BenchSpec, cell: Cell, point: LoadPoint, prompts: Sequence[Pro
         "valid": reason is None, "invalid_reason": reason,
         **serving.figures(outcome.records, outcome.duration, outcome.t0), **spec,
     }
+
+
+def _with_root_cause(reason: str, log_text: str) -> str:
+    """The reason, with the engine's root cause when the log says the engine died (a crash repeated
+    with one cause is the release's, which a metric bisect counts as untestable)."""
+    if not crash.engine_died(log_text):
+        return reason
+    cause = crash.root_cause(log_text)
+    return serving.with_crash(reason, cause.signature if cause is not None else NO_TRACEBACK)
 
 
 def _exits_soon(target: Target) -> None:
@@ -310,7 +325,8 @@ def run_more_starts(bench: BenchSpec, cells: Sequence[Cell], server: Any, target
                 out.start_s += server.startup_s or 0.0
                 info = StartInfo(start, server.startup_s, common, version)
                 t_load = time.monotonic()
-                here = dataclasses.replace(target, base_url=server.base_url, alive=server.alive)
+                here = dataclasses.replace(target, base_url=server.base_url, alive=server.alive,
+                                           log_text=server.log_text)
                 out.rows += run_start(bench, cells, info, here)
                 out.seconds += time.monotonic() - t_load
         except ServerError as exc:

@@ -353,7 +353,7 @@ def _metrics_common(base: _CellBase) -> Callable[[Cell], dict[str, Any]]:
 def _bench_target(job: GroupJob, server: ServerProcess, api_key: str, deadline: float | None) -> bench_phase.Target:
     model = str(job.spec.serve.get("--served-model-name") or job.spec.model)
     return bench_phase.Target(server.base_url, api_key, model, job.suite, job.spec.timeouts.request_s,
-                              server.alive, deadline, model_dir=job.spec.model)
+                              server.alive, deadline, model_dir=job.spec.model, log_text=server.log_text)
 
 
 def _bench_first_start(job: GroupJob, bench: BenchSpec, base: _CellBase, cells: Sequence[Cell],

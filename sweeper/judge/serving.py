@@ -245,6 +245,21 @@ def spec_decode(before: Samples, after: Samples, *, expected: bool) -> SpecDecod
 
 # --- validity -----------------------------------------------------------------------------------
 
+# How an invalid load point's reason names the root cause of an engine that died in it (the failure
+# signature `sweeper.vllm.crash` gives: exception type and innermost vLLM frame).
+ENGINE_CRASHED = "; the engine crashed: "
+
+
+def with_crash(reason: str, signature: str) -> str:
+    return f"{reason}{ENGINE_CRASHED}{signature}"
+
+
+def crash_of(reason: str | None) -> str | None:
+    """The failure signature `with_crash` put in a reason, or None."""
+    if not reason or ENGINE_CRASHED not in reason:
+        return None
+    return reason.rsplit(ENGINE_CRASHED, 1)[1] or None
+
 def judge_phase(requests: Sequence[Record], *, stopped: str | None, alive: bool,
                 metrics_problem: str | None) -> str | None:
     """Why this start's figures of this load point must not be used, or None when they may: the

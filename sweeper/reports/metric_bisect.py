@@ -158,8 +158,12 @@ def cell_lines(cell: Mapping[str, Any], question: Mapping[str, Any]) -> list[str
         nc = cell.get("no_change")
         if nc:
             lines.append(f"no change larger than {100 * nc['larger_than']:g} % (confidence {nc['confidence']:.3f})")
-        if cell.get("undecided"):
-            lines.append(f"undecided: about {cell['undecided']['more_starts']} more starts would decide it")
+        more = (cell.get("undecided") or {}).get("more_starts")
+        measured = sum(1 for p in cell.get("probed", []) if p.get("starts"))
+        if cell.get("undecided") and cell.get("done") and measured < 2:
+            lines.append(f"undecided: {measured} commit(s) of the range could be measured; a change needs two")
+        elif cell.get("undecided"):
+            lines.append(f"undecided: about {more} more starts would decide it")
     for ch in cell.get("small_changes", []):
         lines.append("smaller than the minimum effect: " + change_line(ch, unit))
     for sha, why in cell.get("skipped", []):
