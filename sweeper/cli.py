@@ -572,6 +572,12 @@ def triage_cmd(
     expect_changes: Annotated[float, typer.Option("--expect-changes", metavar="N",
                                                   help="Changes per range each bisect expects before it sees any "
                                                        "(default 1; as `sweep bisect --expect-changes`).")] = 1.0,
+    watch: Annotated[str | None, typer.Option("--watch", metavar="METRICS",
+                                              help="Comma-separated metrics (mean_tpot_ms,spec_decode_acceptance_"
+                                                   "length) whose change from good to bad is a failure mode, no "
+                                                   "expect: bound needed; the good sweep then runs every cell.")] = None,
+    min_effect: Annotated[str | None, typer.Option("--min-effect", help="The smallest change of a metric that is a "
+                                                   "mode and that its bisect claims (default 3%).")] = None,
     address: Annotated[str | None, typer.Option(help="Ray cluster address (default: RAY_ADDRESS, else a local cluster).")] = None,
     gpus: Annotated[float | None, typer.Option(help="Logical GPU slots of the local cluster for simulator runs (default 4).")] = None,
     executor: ExecutorOpt = "ray",
@@ -587,6 +593,7 @@ def triage_cmd(
 
     from sweeper.drivers import triage
     from sweeper.drivers.bisect import search_choices
+    from sweeper.drivers.metric_bisect import parse_min_effect
     from sweeper.errors import ConfigError
     from sweeper.execute.choice import choose
     from sweeper.reports import triage as triage_report
@@ -599,9 +606,11 @@ def triage_cmd(
     if budget is not None and budget < 0:
         raise ConfigError(f"expected a number of GPU-hours >= 0, got {budget}", key="--budget")
     scope = triage.TriageScope(matrix_path=file, good=good, bad=bad)
+    metrics = triage.TriageOptions.watch if watch is None else tuple(m.strip() for m in watch.split(",") if m.strip())
+    effect = triage.TriageOptions.min_effect if min_effect is None else parse_min_effect(min_effect)
     options = triage.TriageOptions(runs_dir=runs_dir, run_id=run_id, resume=resume, design=design_spec,
                                    budget_h=budget, cache_dir=cache_dir, confidence=confidence,
-                                   max_samples=max_samples, parallel=parallel,
+                                   max_samples=max_samples, parallel=parallel, watch=metrics, min_effect=effect,
                                    **search_choices(bumps, expect_changes))
     if dry_run:
         phases = triage.dry_run(scope, options)

@@ -263,6 +263,13 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
     code, _, err = run_cli(["triage", demo, "--good", "v0.27", "--bad", "main", "--runs-dir", str(tmp_path / "runs"),
                             "--resume", "other"], capsys)
     assert code == 1 and "not a triage run" in err and err.count("\n") == 1
+    # --watch: metrics the bench measures, on a matrix with a bench; --min-effect a percentage.
+    perf = str(ROOT / "matrices" / "demo-perf.yaml")
+    for matrix, extra, words in ((perf, ["--watch", "mean_tpot_ms,tpot"], "--watch"),
+                                 (demo, ["--watch", "mean_tpot_ms"], "bench: section"),
+                                 (perf, ["--watch", "mean_tpot_ms", "--min-effect", "three"], "--min-effect")):
+        code, out, err = run_cli(["triage", matrix, "--good", "v0.27", "--bad", "main", "--dry-run", *extra], capsys)
+        assert code == 1 and out == "" and err.startswith("error: ") and words in err and err.count("\n") == 1, err
 
 
 # ---- the demo ----------------------------------------------------------------------------------

@@ -60,3 +60,39 @@ def test_an_expect_mode_is_bisected_on_its_metric_and_reported_as_a_perf_bug(tmp
     assert re.search(r"\| before: same settings \|.*`v0\.27` \|.*\[[\d.]+, [\d.]+\]", md), md
     assert re.search(r"\| after \(failing\) \|.*`main` \|.*\[[\d.]+, [\d.]+\]", md), md
     assert f"**Brought by** `{b['short']}`" in md and f"(#{PLANTED_PR})" in md and "95 % interval" in md
+
+
+SYNC_STEP_PR = 43922  # vllmsim: "[Core] Copy sampled token ids to the host every synchronous step", at main~3
+
+
+@pytest.mark.full  # a triage: two sweeps and a metric bisect
+@pytest.mark.timeout(600)
+def test_a_watched_metric_that_got_worse_is_a_mode_without_any_bound(tmp_path: Path) -> None:
+    """`--watch mean_tpot_ms`: no `expect:` section; the decode step planted 10 % slower without async
+    scheduling (main~3, #43922) is a mode of the cells without it, explained as such, bisected to its commit
+    and reported; the cells with async scheduling, the same at both ends, are not."""
+    raw = yaml.safe_load((ROOT / "matrices" / "demo-perf.yaml").read_text())
+    raw.pop("expect")
+    raw["suite"] = str(ROOT / "suites" / "structured-output.yaml")
+    raw["axes"] = {"commit": ["v0.27.0", "main"], "spec_method": ["none"], "async_scheduling": [True, False],
+                   "env.VLLM_USE_V2_MODEL_RUNNER": ["0"]}
+    matrix = tmp_path / "demo-perf-tpot.yaml"
+    matrix.write_text(yaml.safe_dump(raw, sort_keys=False))
+    lines: list[str] = []
+    out = run_triage(TriageScope(matrix, "v0.27", "main"),
+                     TriageOptions(runs_dir=tmp_path / "runs", cache_dir=tmp_path / "cache", watch=("mean_tpot_ms",),
+                                   min_effect=0.05), executor=choose("local"), on_event=lines.append)
+    record = from_json(out.run.read_json("triage.json"), "triage.json")
+    # Two cells x two load points x two starts at bad, each against its cell's mean at good: the four
+    # starts without async scheduling are worse by more than 5 %.
+    assert any(line.startswith("watch: 4 of 8 start x load point comparisons worse by 5 % or more") for line in lines), \
+        lines
+    [mode] = record.modes
+    assert mode.mode == "expect:mean_tpot_ms change<=+5% vs v0.27", mode.mode
+    assert mode.conjunction == "async_scheduling=false", mode.conjunction
+    b = mode.brought_by
+    assert b is not None, "the TPOT mode was not located"
+    assert b["pr"] == SYNC_STEP_PR and b["metric"] == "mean_tpot_ms" and b["confidence"] >= 0.99
+    assert 0.05 <= b["effect_low"] <= b["effect"] <= b["effect_high"]  # the planted +10 %
+    md = (out.run.root / str(mode.report)).read_text()
+    assert "vllm bench serve" in md and f"(#{SYNC_STEP_PR})" in md and "--no-async-scheduling" in md

@@ -36,7 +36,7 @@ from typing import Any
 import pandas as pd
 
 from sweeper.drivers.bisect import BisectOptions, BisectScope, Subject, bisect_cells
-from sweeper.drivers.metric_bisect import MetricBisectOptions, run_metric_bisect
+from sweeper.drivers.metric_bisect import MetricBisectOptions, metric_of, run_metric_bisect
 from sweeper.drivers.sweep import Afford, ZoomOptions, make_plan, run_matrix
 from sweeper.errors import ConfigError, GitError, Interrupted, StoreError, SweepError
 from sweeper.execute.executor import ExecutorFactory
@@ -47,14 +47,16 @@ from sweeper.install.repository import repo_for
 from sweeper.judge.axis_levels import axes_map, value_text
 from sweeper.judge.expectations import is_expect_mode
 from sweeper.judge.explain import ModeExplanation
+from sweeper.judge.metric_changes import change_evidence
 from sweeper.plan.budget import Ledger
 from sweeper.plan.sweep_plan import Plan
 from sweeper.reports import triage as triage_report
-from sweeper.reports.expectations import cells_with_expectations, expectation_evidence
+from sweeper.reports.expectations import WATCHED, cells_with_expectations, expectation_evidence
 from sweeper.reports.tables import is_failing
 from sweeper.spec.matrix import Cell, DesignSpec, ServerGroup, canonical
 from sweeper.spec.matrix_slice import Slice
 from sweeper.store import frames as analysis
+from sweeper.store.metrics_table import read_metrics
 from sweeper.store.run_folder import RunDir, new_run_id, now_utc, open_run
 from sweeper.store.triage_record import RECORD, Phase, TriageRecord, from_json, to_json
 
@@ -86,8 +88,12 @@ class TriageOptions:
     bump_width: int | None = None
     quiet_scan: bool = True
     expected_changes: float = 1.0
-    # A metric mode's bisect (an `expect:` bound broken at bad): the smallest relative change it claims.
+    # A metric mode's bisect (an `expect:` bound broken at bad): the smallest relative change it claims;
+    # and for `watch`, the smallest change between good and bad that is a mode.
     min_effect: float = 0.03
+    # Metrics whose change from good to bad is a failure mode without an `expect:` bound
+    # (`sweeper.judge.metric_changes`): the good sweep then runs every cell the bad sweep ran.
+    watch: tuple[str, ...] = ()
 
 
 @dataclass
@@ -155,6 +161,7 @@ class Triage:
         self.scope, self.options, self.executor, self.say = scope, options, executor, on_event
         self.design = options.design or DEFAULT_DESIGN
         self.matrix = load_matrix(scope.matrix_path)
+        check_watch(self.matrix.spec.bench is not None, options.watch)
         if options.resume:
             self.run = open_run(options.runs_dir, options.resume, create=False)
             self.record = read_record(self.run)
@@ -459,10 +466,41 @@ def run_triage(scope: TriageScope, options: TriageOptions | None = None, *, exec
         raise Interrupted(t.run.uri, t.run.run_id) from None
 
 
+def check_watch(has_bench: bool, watch: Sequence[str]) -> None:
+    """`--watch`'s metrics: known names, and a matrix that measures them (one line each, before anything runs)."""
+    for name in watch:
+        metric_of(name, "--watch")
+    if watch and not has_bench:
+        raise ConfigError("watches metrics, which a matrix measures under a bench: section; this one has none",
+                          key="--watch")
+
+
+def watch_changes(t: Triage, bad_run: RunDir) -> RunDir | None:
+    """The good sweep over every cell the bad sweep ran, and each watched metric's change from good to bad
+    judged per cell and load point (`sweeper.judge.metric_changes`), stored with the bad run (`WATCHED`)
+    where every reader of its failures finds it."""
+    keys = frozenset(str(k) for k in analysis.load_cells(bad_run)["settings_key"])
+    good_run = t.sweep("good", Slice(commit=t.good_ref, settings=keys), t.design, zoom=False)
+    if good_run is None:
+        return None
+    found = change_evidence(read_metrics(bad_run), read_metrics(good_run), t.options.watch,
+                            min_effect=t.options.min_effect, good_ref=t.good_ref)
+    rows = [{**r, "axes": [[str(k), str(v)] for k, v in (r["axes"] if r["axes"] is not None else [])]}
+            for r in found.to_dict("records")]
+    bad_run.write_json(WATCHED, {"good": t.good_ref, "min_effect": t.options.min_effect,
+                                 "metrics": list(t.options.watch), "rows": rows})
+    broke = found[~found["passed"].astype(bool)]
+    t.say(f"watch: {len(broke)} of {len(found)} start x load point comparisons worse by "
+          f"{100 * t.options.min_effect:g} % or more at {t.bad_ref} than at {t.good_ref}"
+          + (": " + "; ".join(sorted(set(broke["bound"].astype(str)))) if len(broke) else ""))
+    return good_run
+
+
 def _flow(t: Triage) -> TriageOutcome:
     bad_run = t.sweep("bad", Slice(commit=t.bad_ref), t.design)
     if bad_run is None:
         return _finish(t, [], None, None)
+    watched_good = watch_changes(t, bad_run) if t.options.watch else None
     # A cell with a start outside an `expect:` bound fails like one with failed requests.
     bad_cells = cells_with_expectations(bad_run, analysis.load_cells(bad_run))
     failing = {str(r["settings_key"]) for r in bad_cells.to_dict("records") if is_failing(r)}
@@ -481,7 +519,8 @@ def _flow(t: Triage) -> TriageOutcome:
                                                       bad_cells, gpus).values()}
     good_side = {str(r["settings_key"]) for r in bad_cells.to_dict("records")
                  if str(r["settings_key"]) in failing and str(r["server_key"]) in servers} or failing
-    good_run = t.sweep("good", Slice(commit=t.good_ref, settings=frozenset(good_side)), t.design, zoom=False)
+    good_run = watched_good or t.sweep("good", Slice(commit=t.good_ref, settings=frozenset(good_side)), t.design,
+                                       zoom=False)
     runs = [bad_run, *([good_run] if good_run is not None else [])]
     at_ends = triage_report.explained(runs, [t.good_ref, t.bad_ref])
     explanation = at_ends[0]
@@ -574,6 +613,7 @@ def dry_run(scope: TriageScope, options: TriageOptions | None = None) -> list[Ph
     options = options or TriageOptions()
     design_spec = options.design or DEFAULT_DESIGN
     matrix = load_matrix(scope.matrix_path)
+    check_watch(matrix.spec.bench is not None, options.watch)
     try:
         repo = repo_for(matrix, options.runs_dir)
         history = history_for(matrix.spec.install, repo, good=scope.good, bad=scope.bad)
@@ -590,8 +630,9 @@ def dry_run(scope: TriageScope, options: TriageOptions | None = None) -> list[Ph
     return [
         PhasePlan("bad", f"{bad.n_cells} cells on {len(bad.groups)} servers at {scope.bad} "
                          f"({bad.design.describe()})", est.starts, est.gpu_seconds),
-        PhasePlan("good", f"the cells failing at {scope.bad}, at {scope.good}", est.starts, est.gpu_seconds,
-                  "at most"),
+        PhasePlan("good", f"every cell of bad, at {scope.good} (--watch {','.join(options.watch)})"
+                  if options.watch else f"the cells failing at {scope.bad}, at {scope.good}", est.starts,
+                  est.gpu_seconds, "" if options.watch else "at most"),
         PhasePlan("bisect", f"{n_commits - 1} commits; one cell per failure mode (at most {keys})",
                   None, modelled_bisect_s(1, n_commits, per_start, gpus), "per mode, about"),
         PhasePlan("at-<commit>", "per mode brought and fixed inside the range: the matrix at its first bad commit",

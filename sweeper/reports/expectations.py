@@ -29,16 +29,29 @@ def load(run: RunDir) -> pd.DataFrame:
     return read_metrics(run)
 
 
+# A triage's bad phase keeps here what `--watch` judged of its cells against the good phase's
+# (`sweeper.judge.metric_changes`): {"good", "min_effect", "metrics", "rows"}, rows in the evidence shape.
+WATCHED = "watched.json"
+
+
 def expectation_evidence(run: RunDir, metrics: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The run's `expect:` bounds judged on its metrics (`sweeper.judge.expectations.evidence`); empty
-    without an `expect:` section or without metrics."""
-    from sweeper.judge.expectations import evidence
+    """The run's `expect:` bounds judged on its metrics (`sweeper.judge.expectations.evidence`), and the
+    watched metrics' changes a triage stored with it (`WATCHED`); empty when there are neither."""
+    from sweeper.judge.expectations import EVIDENCE_COLUMNS, evidence
 
     bounds = expectations_of(run)
-    if not bounds:
+    parts = []
+    if bounds:
+        table = load(run) if metrics is None else metrics
+        if not table.empty:
+            parts.append(evidence(table, bounds))
+    stored = run.read_json(WATCHED)
+    if isinstance(stored, dict) and stored.get("rows"):
+        parts.append(pd.DataFrame(stored["rows"], columns=list(EVIDENCE_COLUMNS)))
+    parts = [p for p in parts if not p.empty]
+    if not parts:
         return pd.DataFrame()
-    table = load(run) if metrics is None else metrics
-    return evidence(table, bounds) if not table.empty else pd.DataFrame()
+    return parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
 
 
 def expectations_of(run: RunDir) -> tuple[Expectation, ...]:
