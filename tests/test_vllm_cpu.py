@@ -232,12 +232,11 @@ def _engine_processes(marker: str) -> list[int]:
     return out
 
 
-@pytest.mark.timeout(2400)  # three real servers one after another, and the 0.30.0 install when not cached
-def test_real_releases_crash_budget_and_draft_model(model, work, monkeypatch) -> None:
-    """matrices/cpu-releases.yaml through the runner on real releases: ngram kills the engine on
-    0.30.0 (a `crashed` cell with vLLM's root cause; that it serves on 0.32.0 is the runner test's
-    cell above); on 0.32.0 the tiny model as its own draft (`draft_model`) breaks the thinking
-    budget, which holds without speculation."""
+@pytest.mark.timeout(2400)  # two real servers one after another
+def test_real_releases_budget_and_draft_model(model, work, monkeypatch) -> None:
+    """matrices/cpu-releases.yaml through the runner on a real release: on 0.32.0 the tiny model as its
+    own draft (`draft_model`) breaks the thinking budget, which holds without speculation. (That ngram
+    kills the engine on 0.30.0 is shown by tests/test_vllm_metric_bisect.py, whose bisect starts it.)"""
     from sweeper.execute.runner import GroupJob, run_group
     from sweeper.spec.suite import load_suites
 
@@ -250,7 +249,7 @@ def test_real_releases_crash_budget_and_draft_model(model, work, monkeypatch) ->
     suite = load_suites(RELEASES.suite_paths)
     groups = {(g.head.commit, g.head.spec_method): g for g in RELEASES.groups()}
     rows = {}
-    for key in (("0.30.0", "ngram"), ("0.32.0", "none"), ("0.32.0", "draft_model")):
+    for key in (("0.32.0", "none"), ("0.32.0", "draft_model")):
         # draft_model overshoots the budget in about 2 requests of 3 (by hand: 7, 10, 11 reasoning
         # tokens for a budget of 8): 9 samples make "none did" a one-in-thousands draw, not a flake.
         job = GroupJob(run_id="t", group=groups[key], spec=spec, suite=suite, sha=key[0],
@@ -259,14 +258,6 @@ def test_real_releases_crash_budget_and_draft_model(model, work, monkeypatch) ->
         result = run_group(job)
         rows[key] = (result.cells.to_pylist()[0], result.samples.to_pylist())
         assert _engine_processes(str(scratch / "vllm")) == [], key  # every server's process group is gone
-
-    crashed, samples = rows[("0.30.0", "ngram")]
-    assert crashed["status"] == "crashed" and crashed["vllm_version"] == "0.30.0"
-    assert "TypeError: Cannot inspect kernel parameters for function" in crashed["status_detail"]
-    assert crashed["failure_signature"].startswith("TypeError in vllm/")
-    # The requests in flight when the engine died get 500s (one sent as the server exits may find
-    # nothing listening, one finished before the first drafting step may pass).
-    assert samples and any(s["http_status"] == 500 for s in samples), [s["http_status"] for s in samples]
 
     plain, samples = rows[("0.32.0", "none")]
     # Without speculation the budget holds on every sample. (At temperature 0.8 a random-weight model
