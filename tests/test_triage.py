@@ -485,13 +485,15 @@ def test_the_zoom_under_a_budget_pays_the_design_and_every_earlier_zoom_phase(
     assert afford(rest[1:], plan.groups + first) == ()  # the first zoom phase spent the room
 
 
-@pytest.mark.full  # a whole triage of the planted history, in-process
-@pytest.mark.timeout(1200)
-def test_the_triage_bisects_with_the_search_it_was_given(planted: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+@pytest.mark.full  # a whole triage, in-process, of a one-cell history
+@pytest.mark.timeout(600)
+def test_the_triage_bisects_with_the_search_it_was_given(tmp_path: Path, tiny_suite: Path) -> None:
     """`--expect-changes` and `--bumps` reach the triage's bisect as they reach `sweep bisect`'s."""
-    root, _ = planted
+    from conftest import crash_history
+
+    crash_history(tmp_path, tiny_suite, 4, crash_from=2, after_requests=1)
     options = TriageOptions(runs_dir=tmp_path / "runs", run_id="t", cache_dir=tmp_path / "cache",
                             **search_choices(0, 2.0))
-    run = run_triage(TriageScope(root / "m.yaml", "v0.27", "main"), options, executor=choose("local")).run
+    run = run_triage(TriageScope(tmp_path / "m.yaml", "v0.27", "c3"), options, executor=choose("local")).run
     verdict = json.loads((run.root / "phases" / "bisect" / "bisect.json").read_text())
     assert verdict["expected_changes"] == 2.0 and verdict["quiet_scan"] is None and verdict["bump_width"] is None
