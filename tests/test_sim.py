@@ -333,7 +333,9 @@ def test_structured_output_is_valid_for_every_real_schema(tmp_path: Path) -> Non
     with sim_server(tmp_path, sim_yaml=FAST) as sim:
         for path in SCHEMAS:
             schema = json.loads(path.read_text())
-            response = sim.chat(json_request(schema, max_tokens=4000)).json()
+            reply = sim.chat(json_request(schema, max_tokens=4000))
+            response = reply.json()
+            assert "choices" in response, (path.name, reply.status_code, response, sim.log()[-2000:])
             choice = response["choices"][0]
             assert choice["finish_reason"] == "stop", path.name
             value = json.loads(choice["message"]["content"])

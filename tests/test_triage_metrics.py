@@ -84,9 +84,12 @@ def test_a_watched_metric_that_got_worse_is_a_mode_without_any_bound(tmp_path: P
                                    min_effect=0.05), executor=choose("local"), on_event=lines.append)
     record = from_json(out.run.read_json("triage.json"), "triage.json")
     # Two cells x two load points x two starts at bad, each against its cell's mean at good: the four
-    # starts without async scheduling are worse by more than 5 %.
-    assert any(line.startswith("watch: 4 of 8 start x load point comparisons worse by 5 % or more") for line in lines), \
-        lines
+    # starts without async scheduling are worse by 10 % planted (a start may stray under 5 % on a busy
+    # machine, as one with async scheduling may stray over it; explain weighs starts, not single ones).
+    [watch] = [line for line in lines if line.startswith("watch: ")]
+    worse = re.match(r"watch: (\d+) of 8 start x load point comparisons worse by 5 % or more at main than at v0\.27",
+                     watch)
+    assert worse is not None and 3 <= int(worse.group(1)) <= 5, watch
     [mode] = record.modes
     assert mode.mode == "expect:mean_tpot_ms change<=+5% vs v0.27", mode.mode
     assert mode.conjunction == "async_scheduling=false", mode.conjunction
