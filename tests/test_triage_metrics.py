@@ -76,6 +76,7 @@ def test_a_watched_metric_that_got_worse_is_a_mode_without_any_bound(tmp_path: P
     raw["suite"] = str(ROOT / "suites" / "structured-output.yaml")
     raw["axes"] = {"commit": ["v0.27.0", "main"], "spec_method": ["none"], "async_scheduling": [True, False],
                    "env.VLLM_USE_V2_MODEL_RUNNER": ["0"]}
+    raw["bench"]["starts"] = 3  # a stray start on a busy machine weighs less against five that agree
     matrix = tmp_path / "demo-perf-tpot.yaml"
     matrix.write_text(yaml.safe_dump(raw, sort_keys=False))
     lines: list[str] = []
@@ -83,13 +84,13 @@ def test_a_watched_metric_that_got_worse_is_a_mode_without_any_bound(tmp_path: P
                      TriageOptions(runs_dir=tmp_path / "runs", cache_dir=tmp_path / "cache", watch=("mean_tpot_ms",),
                                    min_effect=0.05), executor=choose("local"), on_event=lines.append)
     record = from_json(out.run.read_json("triage.json"), "triage.json")
-    # Two cells x two load points x two starts at bad, each against its cell's mean at good: the four
+    # Two cells x two load points x three starts at bad, each against its cell's mean at good: the six
     # starts without async scheduling are worse by 10 % planted (a start may stray under 5 % on a busy
     # machine, as one with async scheduling may stray over it; explain weighs starts, not single ones).
     [watch] = [line for line in lines if line.startswith("watch: ")]
-    worse = re.match(r"watch: (\d+) of 8 start x load point comparisons worse by 5 % or more at main than at v0\.27",
-                     watch)
-    assert worse is not None and 3 <= int(worse.group(1)) <= 5, watch
+    worse = re.match(r"watch: (\d+) of 12 start x load point comparisons worse by 5 % or more at main than at "
+                     r"v0\.27", watch)
+    assert worse is not None and 4 <= int(worse.group(1)) <= 8, watch
     [mode] = record.modes
     assert mode.mode == "expect:mean_tpot_ms change<=+5% vs v0.27", mode.mode
     assert mode.conjunction == "async_scheduling=false", mode.conjunction
