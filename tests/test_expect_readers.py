@@ -33,6 +33,9 @@ from sweeper.execute.choice import choose
 from sweeper.reports import triage as triage_report
 from sweeper.store.run_folder import open_run
 
+# Every test reads one simulated sweep with a bench (the module's fixture, about 17 s): the full tier.
+pytestmark = pytest.mark.full
+
 MODE = "expect:mean_tpot_ms<=20"
 SLOW = "async_scheduling=false ∧ attention_backend=TRITON_ATTN"
 PERF = {"prefill_s_per_token": 0.0002, "decode_step_s": 0.01, "draft_s_per_token": 0.0, "batch_slowdown": 0.0,

@@ -282,6 +282,7 @@ PLANTED = [
 ]
 
 
+@pytest.mark.full  # a simulated sweep of its own: about 12 s
 def test_planted_conjunctions_in_a_simulated_history(tmp_path: Path) -> None:
     repo = tmp_path / "vllm"
     make_sim_repo(repo, [("v1", {}), ("v2", {"bugs": PLANTED})])

@@ -573,6 +573,7 @@ DRAWN = re.compile(
 SPREAD = {**FSM, "rate": 0.3, "rate_sd": 0.25}
 
 
+@pytest.mark.full  # many server starts to see a rate's spread: 15-25 s
 def test_rate_based_bug_is_flaky_across_repeats_and_reproducible_across_restarts(tmp_path: Path) -> None:
     rated = {**FSM, "rate": 0.33}
     # Different start seeds: without rate_sd a start's nonce must not change any outcome.
@@ -590,6 +591,7 @@ def _consistent(hits: int, n: int, rate: float) -> bool:
     return abs(hits - n * rate) <= 3 * math.sqrt(n * rate * (1 - rate)) + 1
 
 
+@pytest.mark.full  # many server starts to see a rate's spread: 15-25 s
 def test_rate_sd_draws_one_rate_per_server_start(tmp_path: Path) -> None:
     n = 60
     # Two start seeds whose draws land far apart around the mean 0.3 (about 0.07 and 0.55), so the
