@@ -108,11 +108,13 @@ def matrix_cmd(
 
     Example: sweep matrix matrices/demo.yaml --dry-run
     """
+    from sweeper.install.matrix_loader import check_files
+
+    check_files(file)  # a bad matrix or suite: one line before the drivers (pandas, scipy, the runner) load
     from sweeper.drivers import sweep
     from sweeper.errors import ConfigError
     from sweeper.execute.choice import choose
-    from sweeper.reports import preview, spend
-    from sweeper.reports import tables as report
+    from sweeper.reports import preview, spend, tables
     from sweeper.spec.matrix import DESIGN_EXPECTED, design_from_text
     from sweeper.store.frames import load_cells
     from sweeper.store.manifest import PhaseRecord
@@ -190,7 +192,7 @@ def matrix_cmd(
     for line in outcome.notes:
         note(line)
     cells = load_cells(outcome.run)
-    out.print(report.cells_table(cells, title=f"run {outcome.run.run_id}", orders=report.run_orders(outcome.run, cells),
+    out.print(tables.cells_table(cells, title=f"run {outcome.run.run_id}", orders=tables.run_orders(outcome.run, cells),
                                  width=out.width))
     for line in spend.run_notes(outcome.run):
         out.print(line, markup=False, highlight=False)

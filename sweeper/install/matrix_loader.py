@@ -85,3 +85,11 @@ def _check_suites(spec: MatrixFile, pos: Positions, path: str) -> None:
         if real in seen:
             raise pos.error(where, f"the same suite file is listed twice (also suite[{seen[real]}])")
         seen[real] = i
+
+
+def check_files(path: str | Path) -> None:
+    """Load the matrix and its suites only to refuse a bad one: its one line (file, line, key) before a
+    command imports what runs it."""
+    from sweeper.spec.suite import load_suites
+
+    load_suites(load_matrix(path).suite_paths)
