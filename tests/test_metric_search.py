@@ -287,6 +287,7 @@ def test_an_untestable_good_end_moves_the_comparison_to_the_next_testable_commit
     _drive_skipping(alone, scripted(lambda i: 50.0), {0, 1})
     report = alone.result()
     assert alone.done and report.verdict.value == "undecided" and report.changes == ()
+    assert report.starts == len(alone._y[2]) >= 2  # the starts it did make are counted
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

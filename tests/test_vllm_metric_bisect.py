@@ -78,4 +78,3 @@ def test_a_release_range_ends_with_a_verdict_about_real_servers(
         assert "0.32.0" in out and "%" in out
     else:
         assert cell["no_change"]["larger_than"] > 0 and "no change larger than" in out
-    (tmp_path / "verdict.txt").write_text(out)

@@ -799,7 +799,7 @@ class MetricSearch:
         o = self.options
         if not self._compared():
             return MetricReport(Verdict.UNDECIDED, (), (), (), o.min_effect, o.confidence, 0.0, None, 0.0, 0.0,
-                                0.0, self.done, 0, self.rounds, 0, self.gpu_s, self._skip_list())
+                                0.0, self.done, 0, self.rounds, self.starts, self.gpu_s, self._skip_list())
         st = self._state()
         post = st.post
         changes: list[MetricChange] = []
